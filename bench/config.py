@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -91,7 +93,11 @@ class RunConfig:
     def run_name(self) -> str:
         p = self.partition
         part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "shards": f"shards{p.shards_per_client}"}
-        return f"{self.method.name}_{self.data.name}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
+        method = self.method.name
+        if self.method.args:  # rows of one method with different options must not share a record
+            digest = hashlib.sha1(json.dumps(self.method.args, sort_keys=True, default=str).encode()).hexdigest()
+            method += f"-{digest[:8]}"
+        return f"{method}_{self.data.name}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -78,6 +78,18 @@ def local_training(fabric, module: FederatedModule, optimizer, batches: EpochBat
     return seen
 
 
+class ServerComm:
+    """What a method's server step may use to run work on one rank and share the result:
+    ``is_server`` is True on rank 0 only; ``broadcast(obj)`` returns rank 0's ``obj`` on every rank."""
+
+    def __init__(self, fabric) -> None:
+        self.fabric = fabric
+        self.is_server = fabric.global_rank == 0
+
+    def broadcast(self, obj):
+        return obj if self.fabric.world_size == 1 else self.fabric.broadcast(obj, src=0)
+
+
 class Federation:
     """Runs the rounds of one experiment on this rank's shard of clients.
 
@@ -105,6 +117,8 @@ class Federation:
         self.start_round = 0
         self.checkpointer = Checkpointer(cfg, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
+        self.sampled: list[int] = []
+        module.server_comm = ServerComm(fabric)
 
     # ---- one client ----------------------------------------------------------------------
     def load_client_model(self, c: int) -> dict:
@@ -121,6 +135,8 @@ class Federation:
             client_id=c, round_idx=r, seed=cfg.seed, data=self.data, indices=self.clients[c].train,
             num_classes=self.num_classes, global_state=self.global_state, state=state,
             generator=torch_generator(derive_seed(cfg.seed, r, c, METHOD), self.fabric.device),
+            num_clients=len(self.clients), lr=lr_for_round(cfg, r), batch_size=cfg.fed.batch_size,
+            local_epochs=cfg.fed.local_epochs, augment=cfg.data.augment, sampled=self.sampled,
         )
         torch.manual_seed(derive_seed(cfg.seed, r, c, TORCH_GLOBAL))  # dropout and other global draws
         module.client = ctx
@@ -147,8 +163,12 @@ class Federation:
         through the method's ``evaluate_client`` hook (FedBABU fine-tunes its head there)."""
         c, r = ctx.client_id, ctx.round_idx
         if self.protocol == "per_client":
-            return self.module.evaluate_client(
-                ctx, lambda: evaluate_local(self.module, self.data, self.clients[c].test, self.fabric, self.num_classes))
+            def evaluate() -> dict[str, float]:
+                m = evaluate_local(self.module, self.data, self.clients[c].test, self.fabric, self.num_classes)
+                return {f"test/{k}": v for k, v in m.items()}
+
+            scores = self.module.evaluate_client(ctx, evaluate)
+            return {k if "/" in k else f"test/{k}": v for k, v in scores.items()}
         if self.protocol == "local_mean" and self.is_eval_round(r):
             res = {}
             for split, data in (("val", self.val), ("test", self.test)):
@@ -172,6 +192,7 @@ class Federation:
         cfg, module = self.cfg, self.module
         t0 = time.perf_counter()
         sampled = sample_clients(cfg.seed, r, len(self.clients), cfg.fed.sample_ratio)
+        self.sampled = list(sampled)
         keys = self.metric_keys()
         extra_shapes = dict(module.upload_shapes())
         extra_shapes[CLIENT_METRICS] = (len(self.clients), len(keys) + 1)

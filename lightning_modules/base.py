@@ -43,6 +43,12 @@ class ClientContext:
     global_state: dict[str, torch.Tensor]  # the shared state received this round (read only)
     state: dict[str, Any] = field(default_factory=dict)  # persistent per-client state, kept on its rank
     generator: torch.Generator | None = None  # for the method's own draws: derived from (seed, round, client)
+    num_clients: int = 1  # clients in the federation (Scaffold/FedDyn scale by participation)
+    lr: float = 0.0  # this round's learning rate (after the schedule)
+    batch_size: int = 32
+    local_epochs: int = 1
+    augment: str = "none"
+    sampled: list[int] = field(default_factory=list)  # the clients sampled this round (all ranks)
 
     @property
     def labels(self) -> torch.Tensor:
@@ -87,6 +93,7 @@ class FederatedModule(L.LightningModule):
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
         self.head = self.build_head()
         self.client: ClientContext | None = None  # set by the orchestrator while a client trains
+        self.server_comm = None  # set by the orchestrator: bench.federation.ServerComm (is_server, broadcast)
 
     # ---- model ---------------------------------------------------------------------------
     def build_backbone(self, name: str, in_channels: int, pretrained: bool) -> tuple[nn.Module, int]:
@@ -157,7 +164,9 @@ class FederatedModule(L.LightningModule):
         return {}
 
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
-        """Runs on every rank after aggregation, with identical inputs; may edit global_state in place."""
+        """Runs on every rank after aggregation, with identical inputs; may edit global_state in place.
+        Work that should run once (FedBM's generator training) runs where ``self.server_comm.is_server``
+        and reaches the other ranks through ``self.server_comm.broadcast``."""
 
     def server_state(self) -> dict[str, torch.Tensor]:
         """Server-side state beyond the global model (checkpointed)."""
