@@ -1,0 +1,81 @@
+"""FedDyn (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1).
+
+Client k in round t, starting from the server model theta^{t-1}, minimises
+    L_k(theta) - <g_k, theta> + (alpha / 2) ||theta - theta^{t-1}||^2
+where g_k (the paper's grad L_k(theta_k^{t-1}), zero at first) is the client's persistent linear
+term. The two extra terms are applied as the gradient correction  -g_k + alpha (theta - theta^{t-1})
+after each backward pass. After training:  g_k <- g_k - alpha (theta_k^t - theta^{t-1}).
+Server, after the orchestrator's average theta_avg of the round's clients:
+    h^t = h^{t-1} - alpha (theta_avg - theta^{t-1}),     theta^t = theta_avg - h^t / alpha.
+The paper scales the h step by |P_t| / m (participants over all clients); like FedETF's code, on
+which FedBM's comparison is built, we use the participants' mean: both agree under full
+participation. Only trainable parameters carry g_k and h; BatchNorm buffers are plainly averaged.
+
+alpha = 0.01: FedBM (TMI) Sec. IV-B, "0.01 in FedDyn as suggested in their official implementations".
+"""
+from __future__ import annotations
+
+import torch
+
+from datamodules.errors import FedbenchError
+from lightning_modules.base import METHODS, ClientContext, FederatedModule
+
+
+@METHODS.register("feddyn")
+class FedDyn(FederatedModule):
+    def __init__(self, *args, alpha: float = 0.01, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if alpha <= 0:
+            raise FedbenchError(f"FedDyn's alpha must be > 0, got {alpha}.")
+        self.alpha = alpha
+        # server state: h, and the previous server model theta^{t-1} (the initial model before round 0)
+        self.h: dict[str, torch.Tensor] = {}
+        self.previous_global = {n: p.detach().clone() for n, p in self.dynamic_parameters()}
+        self._terms: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
+
+    def dynamic_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The trainable, aggregated parameters (those FedDyn regularises)."""
+        shared = set(self.shared_keys())
+        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
+
+    # ---- client ----------------------------------------------------------------------------
+    def on_client_start(self, ctx: ClientContext) -> None:
+        params = self.dynamic_parameters()
+        if "grad_memory" not in ctx.state:
+            ctx.state["grad_memory"] = {n: torch.zeros_like(p) for n, p in params}
+        memory = ctx.state["grad_memory"]
+        self._terms = [(p, ctx.global_state[n], memory[n]) for n, p in params]
+
+    def on_after_backward(self) -> None:
+        if self.client is None:  # central training: plain objective
+            return
+        for p, anchor, memory in self._terms:
+            correction = self.alpha * (p.detach() - anchor) - memory
+            if p.grad is None:
+                p.grad = correction
+            else:
+                p.grad.add_(correction)
+
+    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        for p, anchor, memory in self._terms:
+            memory.sub_(self.alpha * (p.detach() - anchor))
+        self._terms = []
+        return {}
+
+    # ---- server ----------------------------------------------------------------------------
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+        for name, _ in self.dynamic_parameters():
+            avg = global_state[name]
+            prev = self.previous_global[name].to(avg.device, avg.dtype)
+            h = self.h.get(name, torch.zeros_like(avg)).to(avg.device, avg.dtype) - self.alpha * (avg - prev)
+            self.h[name] = h
+            avg.sub_(h / self.alpha)
+            self.previous_global[name] = avg.clone()
+
+    def server_state(self) -> dict[str, torch.Tensor]:
+        return {**{f"h.{n}": t for n, t in self.h.items()},
+                **{f"previous.{n}": t for n, t in self.previous_global.items()}}
+
+    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.h = {k[len("h."):]: v.clone() for k, v in state.items() if k.startswith("h.")}
+        self.previous_global = {k[len("previous."):]: v.clone() for k, v in state.items() if k.startswith("previous.")}
