@@ -1,0 +1,61 @@
+"""FedNTD (Lee et al., "Preservation of the Global Knowledge by Not-True Distillation in Federated
+Learning", NeurIPS 2022, Eq. 4-5).
+
+Local objective: CE(z, y) + beta * L_NTD, with
+    L_NTD = KL( softmax(z~_g / tau) || softmax(z~ / tau) )      (mean over the batch)
+where z~ and z~_g are the local and the received global model's logits with the true class's
+entry removed: the global model's knowledge is kept only on the not-true classes, and the true
+class is learned from the labels alone.
+beta = 1, tau = 1: the authors' config (config/fedntd.json); no seed paper states other values.
+As in the public code there is no tau^2 factor, and the teacher is the received global model
+in eval mode (the code deep-copies the model after its evaluation pass). Here the teacher runs
+the live modules on the received state tensors (``GlobalTeacher``): nothing is copied.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from datamodules.errors import FedbenchError
+from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.components.global_teacher import GlobalTeacher
+
+
+def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[B, C-1]: each row without its true class's entry (order of the others kept)."""
+    keep = torch.ones_like(logits, dtype=torch.bool).scatter_(1, y.unsqueeze(1), False)
+    return logits[keep].view(len(logits), -1)
+
+
+def ntd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+    """KL(teacher || student) over the not-true classes at temperature tau, mean over the batch."""
+    student = F.log_softmax(not_true_logits(logits, y) / tau, dim=1)
+    teacher = F.softmax(not_true_logits(teacher_logits.detach(), y) / tau, dim=1)
+    return F.kl_div(student, teacher, reduction="batchmean")
+
+
+@METHODS.register("fedntd")
+class FedNTD(FederatedModule):
+    def __init__(self, *args, beta: float = 1.0, tau: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if tau <= 0:
+            raise FedbenchError(f"FedNTD's tau must be > 0, got {tau}.")
+        if self.num_classes < 2:
+            raise FedbenchError("FedNTD needs at least two classes.")
+        self.beta, self.tau = beta, tau
+        self._teacher: GlobalTeacher | None = None
+
+    def on_client_start(self, ctx: ClientContext) -> None:
+        self._teacher = GlobalTeacher(self, ctx.global_state)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        if self._teacher is None or self.beta == 0:  # central training: no global model
+            return loss
+        return loss + self.beta * ntd_loss(logits, self._teacher.logits(x), y, self.tau)
+
+    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        self._teacher = None
+        return {}
