@@ -1,0 +1,18 @@
+"""FedAvg + NPR (FedNPR, Sec. 5.4 / Table 6): FedAvg's cross-entropy plus the NPR regulariser.
+
+Unlike FedNPR there is no balanced softmax, so the two rows isolate BSM's share. Evaluated
+under FedNPR's per-client protocol; with ``lam: 0`` it is plain FedAvg under that protocol
+(the prototypes are then never computed), which is how FedNPR's tables show a FedAvg row.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from lightning_modules.base import METHODS
+from lightning_modules.fedavg import FedAvg
+from lightning_modules.npr_mixin import NPRMixin
+
+
+@METHODS.register("fedavg-npr")
+class FedAvgNPR(NPRMixin, FedAvg):
+    protocol: ClassVar[str] = "per_client"
