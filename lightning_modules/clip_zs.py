@@ -1,0 +1,41 @@
+"""CLIP-ZS: zero-shot CLIP, the untrained baseline of FACMIC's and FST-CBDG's tables.
+
+Prediction: logit_scale * cos(I, T_k) with the class-prompt text features T ("a photo of a {class}.",
+CLIP's standard prompt; ``method.args.prompt`` changes it), written as a frozen linear head
+W = logit_scale * normalize(T), b = 0 on normalize(I). The head is in the state_dict but frozen
+(``frozen_prefixes``): never trained, aggregated or communicated (0 bytes per round). Local
+training is skipped outright (a client's sample list is emptied in ``on_client_start``, so no batch
+is ever built). Global protocol: every round evaluates the same zero-shot model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_modules.base import METHODS, ClientContext
+from lightning_modules.clip_feature_base import ClipFeatureModule
+from lightning_modules.components.clip_heads import zero_shot_head
+
+
+@METHODS.register("clip-zs")
+class ClipZeroShot(ClipFeatureModule):
+    protocol = "global"
+    frozen_prefixes = ("head",)
+
+    def build_head(self) -> nn.Module:
+        head = zero_shot_head(self.class_text_features(), scale=self.frozen_clip.logit_scale)
+        head.requires_grad_(False)
+        return head
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=-1)
+
+    def on_client_start(self, ctx: ClientContext) -> None:
+        ctx.indices = ctx.indices[:0]  # zero local steps; the client's weight in the (empty) average is 0
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([nn.Parameter(torch.zeros(()))], lr=0.0)  # nothing to train; never stepped
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        raise RuntimeError("clip-zs has no local training")
