@@ -13,10 +13,9 @@ import torch
 
 from bench.batches import DeviceData, EpochBatches
 from bench.config import RunConfig
-from bench.evaluation import evaluate_sharded
+from bench.evaluation import evaluate_local, evaluate_sharded
 from bench.federation import lr_for_round
 from bench.seeding import TORCH_GLOBAL, derive_seed
-from datamodules.errors import FedbenchError
 
 
 class _RoundLikeEpochs(L.Callback):
@@ -45,8 +44,19 @@ class _RoundLikeEpochs(L.Callback):
 def train_central(fabric, cfg: RunConfig, module, train: DeviceData, val: DeviceData | None, test: DeviceData,
                   log: Callable[[dict, int], None] | None = None) -> list[dict]:
     """Train for rounds x local_epochs epochs on all of ``train``; returns a round-shaped history."""
-    if fabric.world_size > 1:
-        raise FedbenchError("Central training runs on one device: use --devices 1 for method 'central'.")
+    if fabric.world_size > 1:  # one device trains, the other ranks wait and receive its result
+        history = None
+        if fabric.global_rank == 0:
+            history = _train(fabric, cfg, module, train, val, test, log, sharded_eval=False)
+        history = fabric.broadcast(history, src=0)
+        state = fabric.broadcast({k: v.cpu() for k, v in module.state_dict().items()}, src=0)
+        module.load_state_dict(state)
+        return history
+    return _train(fabric, cfg, module, train, val, test, log, sharded_eval=True)
+
+
+def _train(fabric, cfg: RunConfig, module, train: DeviceData, val: DeviceData | None, test: DeviceData,
+           log: Callable[[dict, int], None] | None, sharded_eval: bool) -> list[dict]:
     indices = torch.arange(len(train.labels), device=train.labels.device)
     batches = EpochBatches(train, indices, cfg.fed.batch_size, cfg.seed, 0, 0, cfg.data.augment)
 
@@ -54,7 +64,12 @@ def train_central(fabric, cfg: RunConfig, module, train: DeviceData, val: Device
         out = {}
         for split, data in (("val", val), ("test", test)):
             if data is not None:
-                out.update({f"{split}/{k}": v for k, v in evaluate_sharded(module, data, fabric, module.num_classes).items()})
+                if sharded_eval:
+                    m = evaluate_sharded(module, data, fabric, module.num_classes)
+                else:  # only this rank is here: no collectives
+                    m = evaluate_local(module, data, torch.arange(len(data.labels), device=data.labels.device),
+                                       fabric, module.num_classes)
+                out.update({f"{split}/{k}": v for k, v in m.items()})
         if log is not None:
             log(out, e)
         return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -138,15 +139,17 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, An
         wandb.finish(exit_code=1)
         raise
     summary = summarise(history, protocol)
-    shared_numel = sum(t.numel() * t.element_size() for k, t in module.state_dict().items() if k in module.shared_keys())
+    shared = set(module.shared_keys())
+    shared_bytes = sum(t.numel() * t.element_size() for k, t in module.state_dict().items() if k in shared)
+    extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())  # as float32 on the wire
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
         "method": cfg.method.name, "dataset": cfg.data.name, "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
-        "backbone": cfg.method.backbone + (" (ImageNet)" if cfg.method.pretrained else " (from scratch)"),
+        "backbone": module.describe_backbone(),
         "partition": {**part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": len(dm.val), "test": len(dm.test)},
-        "bytes_per_client_round": {"down": shared_numel, "up": shared_numel},
+        "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary, "wall_seconds": time.time() - started,
     }
     wandb.summary({f"best/{k}": v for k, v in summary["best"].items()})

@@ -275,7 +275,11 @@ class Federation:
             if self.checkpointer.due(r):
                 self.checkpointer.save(r, self.snapshot(), {c: self.client_states[c] for c in self.owned})
         bar.close()
+        # The module ends as the global model: shared state, and the initial personal parts (each
+        # client's own parts live in client_states on its rank), so it does not depend on world size.
         copy_into(self.model_state, self.global_state)
+        if self.personal:
+            copy_into(self.model_state, self.initial_personal)
         return self.history
 
     def snapshot(self) -> dict:

@@ -100,6 +100,13 @@ class FederatedModule(L.LightningModule):
         """The feature extractor and its width (frozen-encoder methods override this)."""
         return build_backbone(name, in_channels, pretrained)
 
+    def describe_backbone(self) -> str:
+        """How the run record and table header name the feature extractor."""
+        hp = self.hparams
+        if hp.backbone == "efficientnet_lite0" and hp.pretrained:
+            return "efficientnet_lite0 (packaged ImageNet weights; offline stand-in for EfficientNet-B0)"
+        return f"{hp.backbone} ({'ImageNet' if hp.pretrained else 'from scratch'})"
+
     def build_head(self) -> nn.Module:
         return nn.Linear(self.feature_dim, self.num_classes)
 

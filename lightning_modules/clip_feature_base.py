@@ -118,6 +118,9 @@ class ClipFeatureModule(FederatedModule):
         """No trainable encoder: batches already hold CLIP features; width = CLIP's embed_dim."""
         return nn.Identity(), self.frozen_clip.embed_dim
 
+    def describe_backbone(self) -> str:
+        return f"frozen CLIP {self.clip_name!r} (cached features, {self.feature_dim}-d)"
+
     def normalized_text(self) -> torch.Tensor:
         return F.normalize(self.text_features, dim=-1)
 

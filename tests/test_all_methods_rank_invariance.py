@@ -16,8 +16,7 @@ import yaml
 from conftest import REPO, max_state_diff
 from lightning_modules.base import METHODS
 
-SINGLE_DEVICE_ONLY = {"central", "clip-fc-central"}  # the Lightning Trainer rows run on one device
-METHOD_NAMES = [m for m in METHODS.names() if m not in SINGLE_DEVICE_ONLY and not METHODS.get(m).runs_centrally]
+METHOD_NAMES = METHODS.names()  # central rows train on rank 0 and broadcast (bench/central.py)
 
 
 def table_spec() -> dict:
