@@ -35,7 +35,8 @@ def run_parser() -> ArgumentParser:
 def parse_run(argv: list[str]) -> RunConfig:
     parser = run_parser()
     ns = parser.parse_args(argv)
-    init = parser.instantiate_classes(ns)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
+    init = instantiate(ns)
     kwargs = {k: v for k, v in vars(init).items() if k not in ("config", "__path__")}
     kwargs.pop("print_config", None)
     return RunConfig(**kwargs)
