@@ -1,7 +1,9 @@
 """One experiment end to end: data -> partition -> method -> rounds (or central) -> record."""
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import math
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
 
 from bench.batches import DeviceData
+from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.federation import ClientSplit, Federation
 from bench.records import git_commit, record_path, summarise, write_json
@@ -97,6 +100,15 @@ def validate(cfg: RunConfig) -> None:
             raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(cfg.fed, name)}.")
 
 
+def partition_plot_path(cfg: RunConfig) -> Path:
+    """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
+    d = cfg.data
+    key = json.dumps([d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed])
+    name = cfg.run_name().split("_", 1)[1]  # the run name without the method
+    return (Path(cfg.output_dir) / cfg.experiment / "partitions"
+            / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
+
+
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record."""
     validate(cfg)
@@ -144,6 +156,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, An
     extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())  # as float32 on the wire
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
+        "code_version": code_version(),
         "method": cfg.method.name, "dataset": cfg.data.name, "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
@@ -158,8 +171,10 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, An
         path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
         if cfg.save_final_state:
             atomic_torch_save({k: v.detach().cpu() for k, v in module.state_dict().items()}, path.with_suffix(".pt"))
-        plot_partition(counts, str(path.with_suffix(".partition.png")), list(dm.class_names),
-                       title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
+        heatmap = partition_plot_path(cfg)
+        if not heatmap.exists():  # one per partition, shared by every method run on it
+            plot_partition(counts, str(heatmap), list(dm.class_names),
+                           title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
         write_json(path, record)
     fabric.barrier()
     return record

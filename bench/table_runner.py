@@ -4,13 +4,15 @@ then render the table from the run records only.
 A table config (configs/tables/*.yaml) holds ``base`` (RunConfig overrides shared by every run),
 ``betas``, ``seeds``, ``metrics`` and ``rows`` (label + overrides; ``partition_independent: true``
 for rows such as Central that do not depend on the partition: run once per seed, shown in every
-beta column).
+beta column; ``betas: [...]`` for rows whose options differ per beta: the row runs in those
+beta columns only, and rows sharing a label fill one table row).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,14 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from bench.code_version import code_version
 from bench.config import RunConfig, from_dict, result_config
 from bench.records import load_record, record_path
 from datamodules.errors import FedbenchError
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes"}
-ROW_KEYS = {"label", "partition_independent", "data", "partition", "fed", "method", "paper_method"}
+ROW_KEYS = {"label", "partition_independent", "data", "partition", "fed", "method", "paper_method", "betas",
+            "paper_table", "paper_setting"}
 
 
 @dataclass
@@ -65,7 +69,10 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[Plann
     runs = []
     for row in spec["rows"]:
         overrides = {k: v for k, v in row.items() if k in ("data", "partition", "fed", "method")}
-        betas = spec["betas"][:1] if row.get("partition_independent") else spec["betas"]
+        betas = row.get("betas", spec["betas"])
+        if not set(betas) <= set(spec["betas"]):
+            raise FedbenchError(f"Table {experiment}, row {row['label']!r}: betas {betas} not all in the table's {spec['betas']}.")
+        betas = spec["betas"][:1] if row.get("partition_independent") else betas
         for beta in betas:
             for seed in spec["seeds"]:
                 d = deep_merge(base, overrides)
@@ -80,16 +87,27 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[Plann
                     raise FedbenchError(f"Table {experiment}, row {row['label']!r}: {err}") from err
                 cols = spec["betas"] if row.get("partition_independent") else [beta]
                 runs.append(PlannedRun(row["label"], beta, seed, cfg, cols))
+    for label in dict.fromkeys(r.label for r in runs):
+        missing = set(spec["betas"]) - {b for r in runs if r.label == label for b in r.columns}
+        if missing:
+            raise FedbenchError(f"Table {experiment}: row {label!r} has no run for beta(s) {sorted(missing)}; "
+                                "rows restricted with 'betas' need a row with the same label for the other betas.")
     return runs
 
 
-def existing_record(cfg: RunConfig) -> dict | None:
+def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
+    """(the record to reuse, or None; why): a record is reused when its result-config and code
+    version (bench/code_version.py) match the current ones."""
     path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
     if not path.exists():
-        return None
+        return None, "no record"
     rec = load_record(path)
     same = json.loads(json.dumps(result_config(rec.get("config", {})))) == json.loads(json.dumps(result_config(cfg.to_dict())))
-    return rec if same else None
+    if not same:
+        return None, "config changed"
+    if rec.get("code_version") != code_version():
+        return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version()})"
+    return rec, "up to date"
 
 
 def main(argv: list[str]) -> int:
@@ -118,8 +136,16 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     """Run the runs without a matching record; returns this process's global rank."""
     from bench.experiment import build_datamodule, make_fabric, run_experiment
 
-    todo = [r for r in runs if args.force or existing_record(r.cfg) is None]
-    print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} already recorded, {len(todo)} to run")
+    reasons = Counter()
+    todo = []
+    for r in runs:
+        reason = "--force" if args.force else record_status(r.cfg)[1]
+        if reason != "up to date":
+            todo.append(r)
+            reasons[reason] += 1
+    why = "; ".join(f"{n} {reason}" for reason, n in reasons.items())
+    print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
+          f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
     build_datamodule(todo[0].cfg).setup()  # fail at once (missing data) before any run starts

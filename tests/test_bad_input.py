@@ -18,7 +18,7 @@ def base_args(tmp_path: Path) -> list[str]:
 def written_files(tmp_path: Path) -> list[str]:
     """Files a run left behind, outside the dataset cache."""
     return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
-                  if p.is_file() and not p.relative_to(tmp_path).parts[0] == "cache")
+                  if p.is_file() and p.relative_to(tmp_path).parts[0] != "cache")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,96 @@
+"""PNG figures of a table, from its run records: accuracy-vs-round curves and partition heatmaps.
+
+Matplotlib's object API with the Agg canvas (no global state, no display needed); files are
+written atomically (temporary file + rename).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.records import make_readable
+from datamodules.partition import plot_partition
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        make_readable(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def curve_of(record: dict, key: str) -> tuple[list[int], list[float]]:
+    """(round numbers starting at 1, values) of ``key`` over the rounds that evaluated it."""
+    xs, ys = [], []
+    for entry in record.get("history", []):
+        value = (entry.get("metrics") or {}).get(key)
+        if value is not None:
+            xs.append(entry["round"] + 1)
+            ys.append(value)
+    return xs, ys
+
+
+def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) -> dict[str, str]:
+    """One panel per beta: the mean over seeds of the test metric per round, one line per row.
+    Returns {"curves": path} or {} when no record has a curve."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metric = spec.get("metrics", ["accuracy"])[0]
+    key = f"test/{metric}"
+    betas = spec["betas"]
+    fig = Figure(figsize=(5.5 * len(betas), 4.2))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(betas), squeeze=False)[0]
+    drawn = False
+    for ax, beta in zip(axes, betas):
+        for label in dict.fromkeys(r.label for r in runs):
+            curves = [curve_of(records[id(r)], key) for r in runs
+                      if r.label == label and beta in r.columns and id(r) in records]
+            curves = [c for c in curves if c[0]]
+            if not curves:
+                continue
+            n = min(len(c[0]) for c in curves)  # seeds evaluated at the same rounds
+            ys = np.array([c[1][:n] for c in curves])
+            ax.plot(curves[0][0][:n], ys.mean(0), marker="o", markersize=2.5, linewidth=1.2,
+                    label=f"{label} (n={len(curves)})")
+            drawn = True
+        ax.set_title(f"β = {beta:g}")
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"test {metric} (%)")
+        ax.grid(alpha=0.3)
+    if not drawn:
+        return {}
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle(f"{spec['table']} {spec['dataset']}: mean over seeds")
+    fig.tight_layout()
+    _save(fig, path)
+    return {"curves": str(path)}
+
+
+def plot_partitions(spec: dict, runs: list, records: dict[int, dict], out_dir: Path, name: str) -> dict[str, str]:
+    """The client-by-class heatmap of the first seed's partition for each beta (rows that depend on
+    the partition only)."""
+    out = {}
+    for beta in spec["betas"]:
+        candidates = sorted((r for r in runs if r.beta == beta and r.columns == [beta] and id(r) in records),
+                            key=lambda r: r.seed)
+        rec = next((records[id(r)] for r in candidates if records[id(r)].get("partition", {}).get("counts")), None)
+        if rec is None:
+            continue
+        path = out_dir / f"{name}_partition_beta{beta:g}.png"
+        part = rec["config"]["partition"]
+        plot_partition(np.array(rec["partition"]["counts"]), path, rec.get("class_names"),
+                       title=f"{rec['dataset']}: {part['num_clients']} clients, {part['scheme']} β={beta:g}, "
+                             f"seed {rec['config']['seed']}")
+        out[f"partition β={beta:g}"] = str(path)
+    return out

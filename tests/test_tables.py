@@ -1,0 +1,174 @@
+"""Tables are rendered from run records only: ours, the paper's number, the difference, Welch p."""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from bench.code_version import code_version
+from bench.paper_compare import welch_p
+from bench.records import record_path, write_json
+from bench.table_runner import plan_runs, record_status
+from bench.tables import render_table
+
+SPEC = {
+    "table": "table2", "dataset": "kvasir", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1, 2],
+    "metrics": ["accuracy", "f1"],
+    "base": {"data": {"name": "kvasir"}, "partition": {"num_clients": 4}, "fed": {"rounds": 3}},
+    "rows": [
+        {"label": "Central", "method": {"name": "central"}, "partition_independent": True,
+         "paper_method": "Central Learning"},
+        {"label": "FedAvg", "method": {"name": "fedavg"}},
+        {"label": "FedRep (per-client)", "method": {"name": "fedrep"}, "paper_method": "FedREP"},
+        {"label": "Ours only", "method": {"name": "fedprox"}},
+    ],
+}
+# FedAvg accuracy per (beta, seed); (0.1, 2) is deliberately missing
+FEDAVG = {(0.05, 0): 55.0, (0.05, 1): 58.0, (0.05, 2): 61.0, (0.1, 0): 66.0, (0.1, 1): 70.0}
+
+
+def fake_record(run, acc: float, protocol: str = "global") -> dict:
+    history = [{"round": r, "metrics": {"test/accuracy": acc * (r + 1) / 3, "val/accuracy": acc * (r + 1) / 3}}
+               for r in range(3)]
+    return {"run_name": run.cfg.run_name(), "config": run.cfg.to_dict(), "code_version": code_version(),
+            "protocol": protocol, "dataset": "kvasir", "backbone": "resnet18 (from scratch)",
+            "class_names": [f"c{k}" for k in range(3)],
+            "partition": {"counts": [[5, 0, 1], [0, 7, 2], [3, 3, 0], [1, 0, 9]]},
+            "splits": {"train": 100, "val": 20, "test": 30}, "history": history,
+            "best": {"test/accuracy": acc, "test/f1": acc - 10}}
+
+
+@pytest.fixture
+def rendered(tmp_path):
+    runs = plan_runs(SPEC, str(tmp_path / "runs"))
+    for run in runs:
+        if run.label == "FedAvg" and (run.beta, run.seed) in FEDAVG:
+            acc = FEDAVG[(run.beta, run.seed)]
+        elif run.label == "Central":
+            acc = 90.0 + run.seed
+        elif run.label.startswith("FedRep"):
+            acc = 80.0
+        else:
+            continue  # "Ours only" has no record at all
+        protocol = "per_client" if run.label.startswith("FedRep") else "global"
+        write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()),
+                   fake_record(run, acc, protocol))
+    paths = render_table(SPEC, runs, str(tmp_path / "tables"))
+    return runs, paths
+
+
+def cells_of(paths) -> dict:
+    data = json.loads(Path(paths["json"]).read_text())
+    return {(c["method"], c["beta"], c["metric"]): c for c in data["cells"]}
+
+
+def test_mean_std_and_missing(rendered):
+    _, paths = rendered
+    cells = cells_of(paths)
+    a = cells[("FedAvg", 0.05, "accuracy")]
+    assert a["mean"] == pytest.approx(58.0) and a["std"] == pytest.approx(3.0)
+    b = cells[("FedAvg", 0.1, "accuracy")]
+    assert b["values"] == [66.0, 70.0] and b["expected"] == 3
+    assert cells[("Ours only", 0.05, "accuracy")]["mean"] is None
+    md = Path(paths["md"]).read_text()
+    assert "| FedAvg | 58.00 ± 3.00 |" in md
+    assert "68.00 ± 2.83 (2/3 seeds)" in md
+    assert "| Ours only | missing (0/3 seeds) | n/a |" in md
+    # Central runs once per seed and fills both beta columns
+    c = cells[("Central", 0.1, "accuracy")]
+    assert c["mean"] == pytest.approx(91.0) and c["expected"] == 3
+
+
+def test_paper_delta_and_welch(rendered):
+    _, paths = rendered
+    cells = cells_of(paths)
+    a = cells[("FedAvg", 0.05, "accuracy")]  # FedBM Table II, Kvasir, beta 0.05: 60.10 ± 5.76
+    assert (a["paper_mean"], a["paper_std"], a["paper_source"]) == (60.1, 5.76, "fedbm Table II")
+    assert a["delta"] == pytest.approx(58.0 - 60.1)
+    # Welch by hand: t = (58 - 60.1) / sqrt(9/3 + 5.76^2/3), df by Welch-Satterthwaite
+    from scipy import stats
+
+    v1, v2 = 9 / 3, 5.76**2 / 3
+    t = (58.0 - 60.1) / (v1 + v2) ** 0.5
+    df = (v1 + v2) ** 2 / (v1**2 / 2 + v2**2 / 2)
+    assert a["p_value"] == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-9)
+    # two seeds only: no p-value, but the paper and delta are shown
+    b = cells[("FedAvg", 0.1, "accuracy")]
+    assert b["paper_mean"] == 67.02 and b["p_value"] is None
+    # the paper's name for the row (FedREP), and the central row under both betas
+    assert cells[("FedRep (per-client)", 0.1, "f1")]["paper_source"] == "fedbm Table II"
+    assert cells[("Central", 0.1, "accuracy")]["paper_mean"] is not None
+    assert cells[("Ours only", 0.05, "accuracy")]["paper_mean"] is None  # FedBM has no such row name
+    md = Path(paths["md"]).read_text()
+    assert f"| FedAvg | 58.00 ± 3.00 | 60.10 ± 5.76 | -2.10 | {a['p_value']:.3f} |" in md
+
+
+def test_welch_p_known_values():
+    # identical summaries: p = 1; a large separation: p tiny; fewer than 3 runs: none
+    assert welch_p(10.0, 1.0, 3, 10.0, 1.0, 3) == pytest.approx(1.0)
+    assert welch_p(10.0, 0.1, 5, 20.0, 0.1, 5) < 1e-8
+    assert welch_p(10.0, 1.0, 2, 12.0, 1.0, 3) is None
+    # textbook check against the t-test on raw samples
+    from scipy import stats
+
+    x, y = [1.0, 2.0, 4.0, 7.0], [3.0, 5.0, 8.0, 9.0, 12.0]
+    raw = stats.ttest_ind(x, y, equal_var=False).pvalue
+    assert welch_p(statistics.fmean(x), statistics.stdev(x), 4, statistics.fmean(y), statistics.stdev(y), 5) \
+        == pytest.approx(raw)
+
+
+def test_csv_agrees_with_json_and_protocol_is_stated(rendered):
+    _, paths = rendered
+    cells = cells_of(paths)
+    with open(paths["csv"]) as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(cells)
+    for row in rows:
+        cell = cells[(row["method"], float(row["beta"]), row["metric"])]
+        assert (row["mean"] == "") == (cell["mean"] is None)
+        if cell["mean"] is not None:
+            assert float(row["mean"]) == pytest.approx(cell["mean"])
+        assert int(row["n_seeds"]) == len(cell["values"])
+    md = Path(paths["md"]).read_text()
+    assert "Per-client rows (FedRep (per-client))" in md and "final round" in md
+    assert "best-validation round" in md
+
+
+def test_figures_written(rendered):
+    _, paths = rendered
+    for key in ("curves", "partition β=0.05", "partition β=0.1"):
+        data = Path(paths[key]).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_stale_records_are_rerun(tmp_path, monkeypatch):
+    runs = plan_runs(SPEC, str(tmp_path / "runs"))
+    run = runs[1]
+    path = record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name())
+    assert record_status(run.cfg) == (None, "no record")
+    rec = fake_record(run, 50.0)
+    write_json(path, rec)
+    assert record_status(run.cfg)[1] == "up to date"
+    run.cfg.devices = 4  # where a run executes does not change its numbers
+    assert record_status(run.cfg)[1] == "up to date"
+    run.cfg.fed.rounds = 5
+    assert record_status(run.cfg)[1] == "config changed"
+    run.cfg.fed.rounds = 3
+    write_json(path, {**rec, "code_version": "0123456789ab"})
+    assert record_status(run.cfg)[1] == f"code changed (0123456789ab -> {code_version()})"
+
+
+def test_code_version_tracks_method_sources_not_reporting(tmp_path):
+    from bench.code_version import compute_code_version
+
+    for rel in ("bench/federation.py", "bench/tables.py", "lightning_modules/fedavg.py", "datamodules/base.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# {rel}\n")
+    v0 = compute_code_version(tmp_path)
+    (tmp_path / "bench/tables.py").write_text("# a new table layout\n")
+    assert compute_code_version(tmp_path) == v0
+    (tmp_path / "lightning_modules/fedavg.py").write_text("# a changed loss\n")
+    assert compute_code_version(tmp_path) != v0
