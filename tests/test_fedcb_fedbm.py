@@ -1,0 +1,295 @@
+"""FedCB (LKCC) and FedBM (LKCC + CGDE), issue 3: the frozen classifier, the loss, the three
+classifier variants, the generator's schedule, the synthetic batch, the loss switches, the
+noise condition and the server state. Tiny runs on sklearn digits with the small CNN; the
+MiniLM embeddings are cached once per session."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import REPO, kill_and_resume, max_state_diff, run_in_process
+
+from bench.batches import DeviceData
+from bench.federation import Federation
+from datamodules.errors import FedbenchError
+from lightning_modules.base import ClientContext
+from lightning_modules.components import prompts as P
+from lightning_modules.components import text_encoders as TE
+from lightning_modules.components.concept_distributions import ConceptDistribution
+from lightning_modules.components.lkcc import lkcc_logits
+from lightning_modules.fedbm import FedBM
+from lightning_modules.fedcb import FedCB
+
+SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
+DIGIT_NAMES = [str(d) for d in range(10)]
+CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}
+
+
+@pytest.fixture(scope="session")
+def text_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("text-cache"))
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Run experiments in process and keep the Federation."""
+    box: dict = {}
+    original = Federation.run
+
+    def run(self):
+        box["fed"] = self
+        return original(self)
+
+    monkeypatch.setattr(Federation, "run", run)
+    return box
+
+
+def build(cls, text_cache, **args):
+    torch.manual_seed(0)
+    return cls(num_classes=10, in_channels=1, backbone="simple-cnn", dataset_name="digits", class_names=DIGIT_NAMES,
+               text_cache_dir=text_cache, **args)
+
+
+def digits_data(n: int = 40, size: int = 8) -> DeviceData:
+    gen = torch.Generator().manual_seed(1)
+    return DeviceData(torch.randint(0, 256, (n, 1, size, size), generator=gen, dtype=torch.uint8),
+                      torch.arange(n) % 10, torch.tensor([0.3]).view(1, 1, 1, 1), torch.tensor([0.4]).view(1, 1, 1, 1))
+
+
+def context(module, data: DeviceData, round_idx: int = 0, client: int = 0) -> ClientContext:
+    glob = {k: module.state_dict()[k].clone() for k in module.shared_keys()}
+    return ClientContext(client_id=client, round_idx=round_idx, seed=0, data=data, indices=torch.arange(len(data.labels)),
+                         num_classes=10, global_state=glob, generator=torch.Generator().manual_seed(round_idx * 100 + client))
+
+
+def expected_distribution(text_cache, prompt_fraction: float = 1.0) -> ConceptDistribution:
+    emb = TE.class_prompt_embeddings("minilm", P.prompts("digits", DIGIT_NAMES, prompt_fraction), text_cache)
+    return ConceptDistribution.from_embeddings(emb.float())
+
+
+# ---- (a) the frozen classifier ---------------------------------------------------------------
+def test_classifier_buffers_frozen_identical_on_every_client_and_not_shared(tiny_cfg, captured, monkeypatch, text_cache):
+    seen: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
+    original = FedCB.on_client_start
+
+    def record(self, ctx):
+        seen.append((ctx.round_idx, ctx.client_id, self.head.mu.clone(), self.head.sigma_diag.clone()))
+        return original(self, ctx)
+
+    monkeypatch.setattr(FedCB, "on_client_start", record)
+    record_, final = run_in_process(tiny_cfg(**SMALL, **{"method.name": "fedcb",
+                                                          "method.args": {"text_cache_dir": text_cache}}))
+    fed = captured["fed"]
+    dist = expected_distribution(text_cache)
+    assert len(seen) == 2 * 4  # every client of both rounds
+    for _, _, mu, sigma in seen:
+        assert torch.equal(mu, dist.mu) and torch.equal(sigma, dist.sigma_diag)
+    assert torch.equal(final["head.mu"], dist.mu) and torch.equal(final["head.sigma_diag"], dist.sigma_diag)
+    assert "head.mu" not in fed.shared and "head.sigma_diag" not in fed.shared
+    assert "head.projection.weight" in fed.shared and any(k.startswith("backbone.") for k in fed.shared)
+    assert not any(p is fed.module.head.mu for p in fed.module.parameters())
+    # only backbone + projection go on the wire
+    shared_bytes = sum(v.numel() * v.element_size() for k, v in final.items() if k in fed.shared)
+    assert record_["bytes_per_client_round"]["down"] == shared_bytes
+    assert float(dist.sigma_diag.min()) >= 0 and float(dist.sigma_diag.sum()) > 0
+
+
+# ---- (b) the loss ------------------------------------------------------------------------------
+def test_training_loss_is_the_closed_form_surrogate(text_cache):
+    m = build(FedCB, text_cache, tau=12.5)
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(6, 1, 8, 8, generator=gen), torch.tensor([0, 3, 3, 9, 5, 1])
+    loss = m.training_step((x, y), 0).detach()
+    h = F.normalize(m.head.projection(m.backbone(x)), dim=1).detach().double()
+    mu, sd, tau = m.head.mu.double(), m.head.sigma_diag.double(), 12.5
+    logits = tau * h @ mu.T + 0.5 * tau**2 * (h**2) @ sd.T
+    by_hand = (torch.logsumexp(logits, 1) - logits[torch.arange(6), y] + 0.5 * tau**2 * (h**2 * sd[y]).sum(1)).mean()
+    assert float(loss) == pytest.approx(float(by_hand), rel=1e-5)
+    assert torch.allclose(m.eval_logits(x).double(), logits, atol=1e-4)
+    m.head.sigma_diag.zero_()  # sigma = 0: plain CE on tau h.mu
+    assert float(m.training_step((x, y), 0).detach()) == pytest.approx(float(F.cross_entropy(tau * h @ mu.T, y)), rel=1e-5)
+
+
+# ---- (c) the classifier variants ---------------------------------------------------------------
+def test_three_classifier_variants(text_cache):
+    dist = expected_distribution(text_cache)
+    d = build(FedCB, text_cache)
+    e = build(FedCB, text_cache, classifier="embedding_average")
+    r1 = build(FedCB, text_cache, classifier="random_frozen", random_seed=5)
+    r2 = build(FedCB, text_cache, classifier="random_frozen", random_seed=5)
+    r3 = build(FedCB, text_cache, classifier="random_frozen", random_seed=6)
+    assert torch.equal(d.head.mu, dist.mu) and torch.equal(d.head.sigma_diag, dist.sigma_diag)
+    assert torch.equal(e.head.mu, dist.mu) and not e.head.sigma_diag.any()
+    assert r1.head.mu.shape == (10, 384) and torch.allclose(r1.head.mu.norm(dim=1), torch.ones(10), atol=1e-6)
+    assert torch.equal(r1.head.mu, r2.head.mu) and not torch.equal(r1.head.mu, r3.head.mu)
+    assert not r1.head.sigma_diag.any() and r1.distribution is None
+    x = torch.randn(4, 1, 8, 8)
+    h = e.embed(x)
+    assert torch.allclose(e.eval_logits(x), 12.5 * h @ dist.mu.T, atol=1e-5)
+    assert torch.allclose(d.eval_logits(x), lkcc_logits(d.embed(x), dist.mu, dist.sigma_diag, 12.5), atol=1e-5)
+    assert not torch.allclose(d.eval_logits(x), 12.5 * d.embed(x) @ dist.mu.T)  # the variance term matters
+    for bad in ({"classifier": "linear"}, {"text_encoder": "gpt"}, {"tau": 0.0}):
+        with pytest.raises(FedbenchError):
+            build(FedCB, text_cache, **bad)
+    with pytest.raises(FedbenchError, match="random_frozen"):
+        build(FedBM, text_cache, classifier="random_frozen")
+
+
+def test_prompt_fraction_changes_the_distribution(text_cache):
+    half = build(FedCB, text_cache, prompt_fraction=0.5)
+    dist = expected_distribution(text_cache, 0.5)
+    assert torch.equal(half.head.mu, dist.mu)
+    assert not torch.equal(half.head.mu, build(FedCB, text_cache).head.mu)
+
+
+# ---- (d) FedBM ---------------------------------------------------------------------------------
+def test_generator_schedule_and_synthetic_batches(tiny_cfg, captured, monkeypatch, text_cache):
+    sizes: list[tuple[int, int, int]] = []
+    original = FedBM.training_step
+
+    def spy(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        sizes.append((self.client.round_idx, len(batch[1]), self.last_loss_batch))
+        return loss
+
+    monkeypatch.setattr(FedBM, "training_step", spy)
+    args = {**CHEAP_GEN, "gen_start": 2, "gen_every": 2, "text_cache_dir": text_cache}
+    run_in_process(tiny_cfg(**{**SMALL, "method.name": "fedbm", "fed.rounds": 5, "method.args": args}))
+    module: FedBM = captured["fed"].module
+    assert [e["round"] for e in module.cgde.log] == [1, 3]  # after rounds 2 and 4 (1-based)
+    for r, real, total in sizes:
+        assert total == real + (5 if r >= 2 else 0), (r, real, total)
+    assert {r for r, _, _ in sizes} == {0, 1, 2, 3, 4}
+    # the generator makes images like the data: [g, 1, 8, 8] in [0, 1], normalised like real ones
+    data = captured["fed"].data
+    ctx = context(module, data, round_idx=4)
+    rng_state = ctx.generator.get_state()
+    xs, ys = module.synthetic_batch(ctx)
+    ctx.generator.set_state(rng_state)
+    from lightning_modules.components.cgde_generator import generate_batch
+
+    raw, labels = generate_batch(module.cgde.generator, module.condition_distribution(), 5, ctx.generator)
+    assert raw.shape == (5, *data.images.shape[1:]) and 0 <= float(raw.min()) and float(raw.max()) <= 1
+    assert torch.allclose(xs, (raw - data.mean) / data.std) and torch.equal(ys, labels)
+    assert not any(k.startswith(("generator", "cgde")) for k in module.state_dict())
+
+
+def test_generator_loss_switches_and_noise_condition(text_cache):
+    data = digits_data()
+    logs = {}
+    for name, args in {"all": {}, "no_div": {"use_div": False}, "no_dis": {"use_dis": False},
+                       "no_sem": {"use_sem": False}}.items():
+        m = build(FedBM, text_cache, **CHEAP_GEN, **args)
+        m.prepare_splits(data, None, data)
+        m.server_step({k: v.clone() for k, v in m.state_dict().items() if k in m.shared_keys()}, {}, 4)
+        logs[name] = m.cgde.log[-1]
+    assert all(logs["all"][k] > 0 for k in ("sem", "div", "dis"))
+    assert logs["no_div"]["div"] == 0 and logs["no_div"]["dis"] > 0
+    assert logs["no_dis"]["dis"] == 0 and logs["no_dis"]["div"] > 0
+    assert logs["no_sem"]["sem"] == 0
+    with pytest.raises(FedbenchError, match="use_sem"):
+        build(FedBM, text_cache, use_sem=False, use_div=False, use_dis=False)
+    with pytest.raises(FedbenchError, match="condition"):
+        build(FedBM, text_cache, condition="text")
+    # noise condition: z ~ N(0, I) does not depend on the concept means; concept conditions do
+    outs = {}
+    for cond in ("noise", "concept"):
+        m = build(FedBM, text_cache, **CHEAP_GEN, condition=cond)
+        m.prepare_splits(data, None, data)
+        m.cgde.trained = True
+        a = m.synthetic_batch(context(m, data))[0]
+        m.head.mu.add_(1.0)
+        outs[cond] = (a, m.synthetic_batch(context(m, data))[0])
+    assert torch.equal(*outs["noise"]) and not torch.allclose(*outs["concept"])
+
+
+def test_generator_only_on_server_rank_then_broadcast(text_cache):
+    data = digits_data()
+
+    class Comm:
+        def __init__(self, is_server, payload=None):
+            self.is_server, self.payload, self.sent = is_server, payload, None
+
+        def broadcast(self, obj):
+            self.sent = obj
+            return obj if self.is_server else self.payload
+
+    server, other = build(FedBM, text_cache, **CHEAP_GEN), build(FedBM, text_cache, **CHEAP_GEN)
+    for m in (server, other):
+        m.prepare_splits(data, None, data)
+    glob = {k: v.clone() for k, v in server.state_dict().items() if k in server.shared_keys()}
+    server.server_comm = Comm(True)
+    server.server_step(glob, {}, 4)
+    other.server_comm = Comm(False, payload=server.server_comm.sent)
+    other.server_step(glob, {}, 4)
+    assert len(server.cgde.log) == 1 and other.cgde.log == []  # trained once, on the server
+    assert other.server_comm.sent is None and other.cgde.trained
+    assert max_state_diff(server.cgde.generator.state_dict(), other.cgde.generator.state_dict()) == 0.0
+    server.server_step(glob, {}, 5)  # not a generator round (gen_start = gen_every = 5)
+    assert len(server.cgde.log) == 1
+
+
+def test_server_state_round_trip(text_cache):
+    data = digits_data()
+    a = build(FedBM, text_cache, **CHEAP_GEN)
+    a.prepare_splits(data, None, data)
+    fresh = a.server_state()
+    assert not bool(fresh["generator_trained"])
+    a.server_step({k: v.clone() for k, v in a.state_dict().items() if k in a.shared_keys()}, {}, 4)
+    b = build(FedBM, text_cache, **CHEAP_GEN)
+    b.prepare_splits(data, None, data)
+    assert max_state_diff(a.cgde.generator.state_dict(), b.cgde.generator.state_dict()) > 0
+    b.load_server_state(a.server_state())
+    assert b.cgde.trained and max_state_diff(a.cgde.generator.state_dict(), b.cgde.generator.state_dict()) == 0.0
+    assert torch.equal(a.synthetic_batch(context(a, data, 7, 2))[0], b.synthetic_batch(context(b, data, 7, 2))[0])
+
+
+def test_fedbm_resumes_exactly(tiny_cfg, monkeypatch, text_cache):
+    """The generator is checkpointed: killed after round 2 of 3 and resumed = uninterrupted."""
+    args = {**CHEAP_GEN, "gen_start": 1, "gen_every": 1, "text_cache_dir": text_cache}
+    base = {**SMALL, "method.name": "fedbm", "method.args": args, "fed.rounds": 3, "fed.sample_ratio": 0.5,
+            "checkpoint_every": 1}
+    kill_and_resume(tiny_cfg, monkeypatch, base)
+
+
+# ---- (e) the offline text encoder on the papers' prompts --------------------------------------
+def test_minilm_embeds_the_kvasir_prompts_offline(text_cache):
+    from datamodules.base import DATASETS
+
+    grid = P.prompts("kvasir", list(DATASETS.get("kvasir").class_names))
+    emb = TE.class_prompt_embeddings("minilm", grid, text_cache)
+    assert emb.shape == (8, 24, 384) and torch.isfinite(emb).all()
+    assert torch.allclose(emb.norm(dim=-1), torch.ones(8, 24), atol=1e-5)
+    dist = ConceptDistribution.from_embeddings(emb)
+    cos = F.normalize(dist.mu, dim=1) @ F.normalize(dist.mu, dim=1).T
+    assert float((cos - 2 * torch.eye(8)).max()) < 0.95  # eight distinct concepts
+
+
+# ---- the paper-scale and ablation configs ------------------------------------------------------
+@pytest.mark.parametrize("name", ["table2_kvasir", "table2_oct-c8", "table2_ham10000", "table2_pbc",
+                                  "ablation_kvasir", "ablation_fashion-mnist"])
+def test_fedcb_fedbm_table_configs_plan(name):
+    from bench.experiment import method_arg_names
+    from bench.table_runner import load_table_config, plan_runs
+    from lightning_modules.base import METHODS
+
+    spec = load_table_config(str(REPO / "configs" / "tables" / f"{name}.yaml"))
+    runs = plan_runs(spec)
+    assert len(runs) == len({(r.cfg.run_name(), r.cfg.experiment) for r in runs})  # no run twice
+    for r in runs:
+        assert set(r.cfg.method.args) <= method_arg_names(METHODS.get(r.cfg.method.name)), r.label
+    if name == "table2_kvasir":  # per-beta settings of the public code's Kvasir runs
+        taus = {(r.cfg.method.name, r.beta): r.cfg.method.args["tau"] for r in runs if r.label in ("FedCB", "FedBM")}
+        assert taus == {("fedcb", 0.05): 12.5, ("fedcb", 0.1): 7.5, ("fedbm", 0.05): 12.5, ("fedbm", 0.1): 7.5}
+
+
+def test_table_rows_restricted_to_betas_must_cover_every_column():
+    from bench.table_runner import plan_runs
+
+    spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "seeds": [0],
+            "rows": [{"label": "A", "betas": [0.05], "method": {"name": "fedavg"}}]}
+    with pytest.raises(FedbenchError, match=r"no run for beta\(s\) \[0.1\]"):
+        plan_runs(spec)
+    spec["rows"][0]["betas"] = [0.3]
+    with pytest.raises(FedbenchError, match="not all in the table"):
+        plan_runs(spec)
