@@ -11,8 +11,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,8 @@ def cli_args(cfg) -> list[str]:
 def run_subprocess(cfg, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `fedbench run` in a fresh process (needed for --devices 2: Fabric relaunches the script)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *cli_args(cfg)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *cli_args(cfg)], check=False, cwd=REPO,
+                          env=env,
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"fedbench run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -99,3 +100,32 @@ def run_subprocess(cfg, timeout: int = 300) -> subprocess.CompletedProcess:
 def max_state_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+class Killed(Exception):
+    """Raised by a patched checkpointer to simulate a run killed after a checkpoint."""
+
+
+def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1):
+    """Run ``base`` uninterrupted, then killed right after checkpointing round ``kill_after_round``
+    and resumed; assert both end with identical state and history. Returns (resumed record, cfg)."""
+    from bench.checkpoint import Checkpointer
+
+    full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
+    original = Checkpointer.save
+
+    def save_then_die(self, r, snapshot, clients):
+        original(self, r, snapshot, clients)
+        if r == kill_after_round:
+            raise Killed
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    with pytest.raises(Killed):
+        run_in_process(tiny_cfg(**base, experiment="killed"))
+    monkeypatch.setattr(Checkpointer, "save", original)
+    cfg = tiny_cfg(**base, experiment="killed", resume=True)
+    assert Checkpointer(cfg, None).latest().name == f"round_{kill_after_round:05d}"
+    resumed_rec, resumed_state = run_in_process(cfg)
+    assert max_state_diff(full_state, resumed_state) == 0.0
+    assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]
+    return resumed_rec, cfg

@@ -11,10 +11,9 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import max_state_diff, run_in_process
+from conftest import kill_and_resume, run_in_process
 
 from bench.batches import DeviceData
-from bench.checkpoint import Checkpointer
 from bench.federation import Federation
 from lightning_modules.base import ClientContext
 from lightning_modules.fedbabu import FedBABU
@@ -396,27 +395,9 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
 
 
 # ---- server state survives a kill ----------------------------------------------------------
-class Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("method", ["feddyn", "scaffold", "fednh", "fedproto"])
 def test_server_state_resumes_exactly(tiny_cfg, monkeypatch, method):
     """FedDyn's h, Scaffold's c, FedNH's and FedProto's prototypes are checkpointed: a run killed
     after round 2 of 3 and resumed ends exactly where an uninterrupted run does."""
     base = {**SMALL, "method.name": method, "fed.rounds": 3, "fed.sample_ratio": 0.5, "checkpoint_every": 1}
-    full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == 1:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**base, experiment="killed"))
-    monkeypatch.setattr(Checkpointer, "save", original)
-    resumed_rec, resumed_state = run_in_process(tiny_cfg(**base, experiment="killed", resume=True))
-    assert max_state_diff(full_state, resumed_state) == 0.0
-    assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]
+    kill_and_resume(tiny_cfg, monkeypatch, base)

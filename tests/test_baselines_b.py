@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import max_state_diff, run_in_process
+from conftest import kill_and_resume, run_in_process
 from torch import nn
 
 from bench.batches import DeviceData
@@ -301,29 +301,9 @@ def test_crerf_evaluates_the_server_retrained_classifier(tiny_cfg):
     assert classification_metrics(retrained, labels, dm.num_classes)["accuracy"] == pytest.approx(recorded, abs=1e-6)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_crerf_server_state_resumes_exactly(tiny_cfg, monkeypatch):
     """The federated features and the re-trained classifier are checkpointed: a run killed after
     round 2 of 3 and resumed ends exactly where an uninterrupted run does."""
-    from bench.checkpoint import Checkpointer
-
     base = {"method.name": "crerf", "method.backbone": "simple-cnn", "fed.rounds": 3, "checkpoint_every": 1,
             "method.args": {"features_per_class": 10, "match_steps": 10, "retrain_epochs": 10}}
-    full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == 1:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**base, experiment="killed"))
-    monkeypatch.setattr(Checkpointer, "save", original)
-    resumed_rec, resumed_state = run_in_process(tiny_cfg(**base, experiment="killed", resume=True))
-    assert max_state_diff(full_state, resumed_state) == 0.0
-    assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]
+    kill_and_resume(tiny_cfg, monkeypatch, base)

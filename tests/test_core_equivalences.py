@@ -1,9 +1,6 @@
 """FedAvg with one client equals Central; a resumed run equals an uninterrupted one (issue 2, 2-3)."""
-import pytest
-import torch
 
-from bench.checkpoint import Checkpointer
-from conftest import max_state_diff, run_in_process
+from conftest import kill_and_resume, max_state_diff, run_in_process
 
 
 def test_fedavg_one_client_equals_central(tiny_cfg):
@@ -18,28 +15,7 @@ def test_fedavg_one_client_equals_central(tiny_cfg):
     assert fed_rec["history"][0]["samples_trained"] == n - (1 if n % bs == 1 else 0)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_resume_after_kill_equals_uninterrupted(tiny_cfg, monkeypatch):
     base = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True}
-    full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
-
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == 1:  # stopped after round 2 of 4
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**base, experiment="killed"))
-    monkeypatch.setattr(Checkpointer, "save", original)
-    cfg = tiny_cfg(**base, experiment="killed", resume=True)
-    assert Checkpointer(cfg, None).latest().name == "round_00001"
-    resumed_rec, resumed_state = run_in_process(cfg)
-    assert max_state_diff(full_state, resumed_state) == 0.0
-    assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]
+    resumed_rec, _ = kill_and_resume(tiny_cfg, monkeypatch, base)  # stopped after round 2 of 4
     assert [h["round"] for h in resumed_rec["history"]] == [0, 1, 2, 3]
