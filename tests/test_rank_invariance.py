@@ -1,6 +1,5 @@
 """A run's result must not depend on how many ranks simulate it (issue 2, done-when 1)."""
 import pytest
-
 from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
 
 
