@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg test test-fast bench lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg test test-fast regression-update bench lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -46,6 +46,11 @@ test: install
 
 test-fast: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -m "not ddp and not regression" $(PYTEST_ARGS)
+
+# Rewrite results/reference/*.json after a deliberate change: make regression-update REASON="why the numbers moved"
+regression-update: install
+	@test -n "$(REASON)" || { echo 'usage: make regression-update REASON="why the numbers moved" [ARGS="--only fedavg"]'; exit 2; }
+	$(OFFLINE) $(BIN)/fedbench regression --update --reason "$(REASON)" $(ARGS)
 
 bench: install
 	$(OFFLINE) $(BIN)/fedbench bench $(ARGS)

@@ -1,8 +1,9 @@
-"""`fedbench` command: run one experiment, run/render a table, or time the hot loop.
+"""`fedbench` command: run one experiment, run/render a table, check the regression set, or time the hot loop.
 
     fedbench run --config configs/experiments/quick.yaml --method.name fedprox --method.args '{mu: 0.01}'
     fedbench run --print_config
-    fedbench table --config configs/tables/table2_fashion-mnist.yaml
+    fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
+    fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench bench
 """
 from __future__ import annotations
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.table_runner import main as table_main
 
             return table_main(rest)
+        if command == "regression":
+            from bench.regression import main as regression_main
+
+            return regression_main(rest)
         if command == "bench":
             from bench.perf import main as perf_main
 
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except FedbenchError as err:
         print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
-    print(f"fedbench: unknown command {command!r}; use run, table or bench.", file=sys.stderr)
+    print(f"fedbench: unknown command {command!r}; use run, table, regression or bench.", file=sys.stderr)
     return 2
 
 

@@ -19,7 +19,7 @@ from bench.config import RunConfig
 from bench.federation import ClientSplit, Federation
 from bench.records import git_commit, record_path, summarise, write_json
 from bench.seeding import INIT, derive_seed
-from bench.wandb_logger import WandbRun
+from bench.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.errors import FedbenchError, PartitionError
 from datamodules.partition import partition, plot_partition
@@ -52,8 +52,8 @@ def method_arg_names(cls: type) -> set[str]:
 def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
     cls = METHODS.get(cfg.method.name)
     m = cfg.method
-    common = dict(backbone=m.backbone, pretrained=m.pretrained, optimizer=m.optimizer, lr=m.lr,
-                  momentum=m.momentum, weight_decay=m.weight_decay)
+    common = {"backbone": m.backbone, "pretrained": m.pretrained, "optimizer": m.optimizer, "lr": m.lr,
+              "momentum": m.momentum, "weight_decay": m.weight_decay}
     known = method_arg_names(cls)
     unknown = sorted(set(m.args) - known)
     if unknown:
@@ -109,8 +109,9 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
-def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, Any]:
-    """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record."""
+def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None) -> dict[str, Any]:
+    """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
+    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.wandb_logger.default_dir())."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -134,7 +135,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, An
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
-                     [cfg.method.name, cfg.data.name, f"{p.scheme}-{p.beta:g}", f"seed{cfg.seed}"], cfg.to_dict())
+                     run_tags(cfg), {**cfg.to_dict(), "code_version": code_version()}, wandb_dir)
     try:
         if module.runs_centrally:
             from bench.central import train_central
@@ -165,7 +166,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None) -> dict[str, An
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary, "wall_seconds": time.time() - started,
     }
-    wandb.summary({f"best/{k}": v for k, v in summary["best"].items()})
+    wandb.summary(run_summary(record))
     wandb.finish()
     if fabric.global_rank == 0:
         path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())

@@ -25,7 +25,8 @@ from bench.config import RunConfig, from_dict, result_config
 from bench.records import load_record, record_path
 from datamodules.errors import FedbenchError
 
-TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes"}
+TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes",
+              "wandb"}
 ROW_KEYS = {"label", "partition_independent", "data", "partition", "fed", "method", "paper_method", "betas",
             "paper_table", "paper_setting"}
 
@@ -118,17 +119,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--devices", type=int, default=None, help="Fabric ranks (default: the config's, else 1)")
     parser.add_argument("--output-dir", default=None, help="where run records go (default results/runs)")
     parser.add_argument("--tables-dir", default="results/tables")
+    parser.add_argument("--wandb", action="store_true",
+                        help="log the runs and the rendered table to W&B (also: 'wandb: true' in the table config)")
+    parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
     args = parser.parse_args(argv)
 
     from bench.tables import render_table
 
     spec = load_table_config(args.config)
+    args.wandb = args.wandb or bool(spec.get("wandb"))
     runs = plan_runs(spec, args.output_dir)
     if not args.render_only and execute(runs, spec, args) != 0:
         return 0  # other ranks: rank 0 renders
     paths = render_table(spec, runs, args.tables_dir)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
+    if args.wandb:
+        from bench.wandb_logger import log_table
+
+        figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
+        table = json.loads(Path(paths["json"]).read_text())
+        print(f"W&B table run: {log_table(table, figures, runs[0].cfg.wandb_project, args.wandb_dir)}")
     return 0
 
 
@@ -153,10 +164,11 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     for r in todo:
         r.cfg.devices = devices
         r.cfg.progress = False
+        r.cfg.wandb = r.cfg.wandb or args.wandb
     fabric = make_fabric(todo[0].cfg)
     fabric.launch()
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} beta={r.beta:g} seed={r.seed}")
-        run_experiment(r.cfg, fabric)
+        run_experiment(r.cfg, fabric, wandb_dir=args.wandb_dir)
     return fabric.global_rank

@@ -1,26 +1,53 @@
-"""W&B logging on rank 0: offline unless a key is configured; runs grouped by experiment."""
+"""W&B logging on rank 0: offline unless a key is configured.
+
+Every experiment run is one W&B run (job_type "train") in the group of its table (``experiment``),
+tagged by method, dataset, partition scheme, beta and seed, with the run config, the per-round
+metrics and a final summary. A rendered table is logged as a ``wandb.Table`` (plus its figures) in
+one more run of the group, job_type "table". Files go under ``directory`` (default: ``$WANDB_DIR``,
+else results/wandb); offline runs land in ``<directory>/wandb/offline-run-*`` and can be uploaded
+later with ``wandb sync``.
+"""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+# the table's cell fields, in column order (bench/tables.py writes them to <table>.json)
+TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
+                 "delta", "p_value", "paper_source"]
+
+
+def default_dir() -> str:
+    return os.environ.get("WANDB_DIR") or "results/wandb"
+
+
+def run_tags(cfg) -> list[str]:
+    """method, dataset, partition scheme, beta (Dirichlet schemes) and seed of a RunConfig."""
+    p = cfg.partition
+    tags = [cfg.method.name, cfg.data.name, p.scheme]
+    if p.scheme.startswith("dirichlet"):
+        tags.append(f"beta={p.beta:g}")
+    return tags + [f"seed={cfg.seed}"]
 
 
 class WandbRun:
     """A thin wrapper so that the orchestrator never imports wandb when it is disabled."""
 
     def __init__(self, enabled: bool, project: str, group: str, name: str, tags: list[str], config: dict,
-                 directory: str = "results/wandb") -> None:
+                 directory: str | None = None, job_type: str = "train") -> None:
         self.run = None
         if not enabled:
             return
         import wandb
 
+        directory = directory or default_dir()
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=project, group=group, name=name, tags=tags, config=config, dir=directory,
-                              mode=mode, reinit="finish_previous")
+                              mode=mode, job_type=job_type, reinit="finish_previous")
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:
             self.run.log(metrics, step=step)
 
@@ -32,3 +59,31 @@ class WandbRun:
         if self.run is not None:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+def run_summary(record: dict) -> dict[str, Any]:
+    """The final summary of a run record: best and final test metrics, best round, protocol."""
+    out: dict[str, Any] = {f"best/{k}": v for k, v in (record.get("best") or {}).items()}
+    out.update({f"final/{k}": v for k, v in (record.get("final") or {}).items()})
+    out.update(best_round=record.get("best_round"), protocol=record.get("protocol"))
+    return out
+
+
+def log_table(table: dict, figures: dict[str, str], project: str, directory: str | None = None) -> str | None:
+    """Log a rendered table (the JSON bench/tables.py writes) as a wandb.Table, and its PNG figures,
+    in a run of the table's group with job_type "table". Returns the run's local files directory."""
+    import wandb
+
+    name = f"{table['table']}_{table['dataset']}"
+    config = {"table": table["table"], "dataset": table["dataset"], "papers": table.get("papers"),
+              "setup": table.get("setup")}
+    run = WandbRun(True, project, name, f"{name}-table", ["table", table["table"], table["dataset"]], config,
+                   directory, job_type="table")
+    rows = [[{**cell, "n_seeds": len(cell.get("values") or [])}.get(c) for c in TABLE_COLUMNS] for cell in table["cells"]]
+    media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}
+    media.update({f"figures/{key.replace(' ', '_')}": wandb.Image(path) for key, path in figures.items() if Path(path).exists()})
+    run.log(media)
+    run.summary({"cells": len(rows), "missing_cells": sum(cell.get("mean") is None for cell in table["cells"])})
+    run_dir = run.run.dir if run.run is not None else None
+    run.finish()
+    return run_dir

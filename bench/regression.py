@@ -1,0 +1,165 @@
+"""`fedbench regression`: rerun the small fixed runs of configs/regression.yaml and compare their
+final test metrics with results/reference/<name>.json within the config's absolute tolerances.
+
+    fedbench regression                      # run every entry, compare, exit 1 on a regression
+    fedbench regression --only fedavg fedcb  # a subset
+    fedbench regression --update --reason "why the numbers moved"   # rewrite the references
+
+Each entry runs in a fresh temporary output directory (nothing is reused). A reference records the
+entry's result-config, the metrics, the reason for the update, the date, the git commit and the
+code version; a reference whose config differs from the entry's is stale and fails the comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.code_version import code_version
+from bench.config import RunConfig, from_dict, result_config
+from bench.records import git_commit, load_record, write_json
+from bench.table_runner import deep_merge
+from datamodules.errors import FedbenchError
+
+DEFAULT_CONFIG = "configs/regression.yaml"
+DEFAULT_REFERENCES = "results/reference"
+CONFIG_KEYS = {"tolerance", "base", "runs"}
+ENTRY_KEYS = {"name", "data", "partition", "fed", "method", "seed"}
+
+
+def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
+    """The regression config, checked: known keys, unique entry names, a tolerance per metric."""
+    p = Path(path)
+    if not p.exists():
+        raise FedbenchError(f"Regression config {path!r} not found.")
+    spec = yaml.safe_load(p.read_text()) or {}
+    if set(spec) - CONFIG_KEYS:
+        raise FedbenchError(f"{path}: unknown key(s) {sorted(set(spec) - CONFIG_KEYS)}; allowed: {sorted(CONFIG_KEYS)}.")
+    if not spec.get("tolerance") or not spec.get("runs"):
+        raise FedbenchError(f"{path}: needs 'tolerance' (metric: absolute pp) and 'runs'.")
+    names = [e.get("name") for e in spec["runs"]]
+    if None in names or len(set(names)) != len(names):
+        raise FedbenchError(f"{path}: every run needs a unique 'name'; got {names}.")
+    for entry in spec["runs"]:
+        if set(entry) - ENTRY_KEYS:
+            raise FedbenchError(f"{path}: run {entry['name']!r} has unknown key(s) {sorted(set(entry) - ENTRY_KEYS)}.")
+    return spec
+
+
+def entry_names(spec: dict) -> list[str]:
+    return [e["name"] for e in spec["runs"]]
+
+
+def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
+    """The RunConfig of entry ``name``: defaults, then ``base``, then the entry's overrides."""
+    entry = next((e for e in spec["runs"] if e["name"] == name), None)
+    if entry is None:
+        raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
+    d = deep_merge(deep_merge(RunConfig().to_dict(), spec.get("base", {})),
+                   {k: v for k, v in entry.items() if k != "name"})
+    d.update(experiment=f"regression_{name}", output_dir=output_dir, checkpoint_dir=str(Path(output_dir) / "ckpt"),
+             progress=False, wandb=False)
+    return from_dict(d)
+
+
+def run_entry(spec: dict, name: str) -> dict[str, Any]:
+    """Run entry ``name`` in a fresh temporary directory; returns {config, metrics, history}."""
+    from bench.experiment import run_experiment
+
+    with tempfile.TemporaryDirectory(prefix=f"fedbench-regression-{name}-") as tmp:
+        cfg = entry_config(spec, name, tmp)
+        run_experiment(cfg)
+        record = load_record(Path(tmp) / cfg.experiment / f"{cfg.run_name()}.json")
+    final = record.get("final") or {}
+    metrics = {k: final.get(k) for k in spec["tolerance"]}
+    curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]
+    return {"config": comparable_config(cfg), "metrics": metrics, "test_accuracy_per_round": curve,
+            "protocol": record.get("protocol")}
+
+
+def comparable_config(cfg: RunConfig) -> dict[str, Any]:
+    """The result-config without machine-specific paths (the data cache location)."""
+    d = result_config(cfg.to_dict())
+    d["data"].pop("cache_dir", None)
+    return d
+
+
+def reference_path(name: str, reference_dir: str = DEFAULT_REFERENCES) -> Path:
+    return Path(reference_dir) / f"{name}.json"
+
+
+def load_reference(name: str, reference_dir: str = DEFAULT_REFERENCES) -> dict[str, Any]:
+    path = reference_path(name, reference_dir)
+    if not path.exists():
+        raise FedbenchError(f"No reference {path}; create it with `fedbench regression --update --only {name} "
+                            "--reason \"...\"`.")
+    return json.loads(path.read_text())
+
+
+def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict[str, float]) -> list[str]:
+    """Failures (empty when the run matches its reference): a stale config or a metric off by more
+    than its absolute tolerance (a metric present on one side only also fails)."""
+    if _canon(measured["config"]) != _canon(reference.get("config")):
+        return ["the entry's config differs from the reference's (stale reference: rerun with --update)"]
+    failures = []
+    for key, tol in tolerance.items():
+        ours, ref = measured["metrics"].get(key), reference.get("metrics", {}).get(key)
+        if ours is None or ref is None:
+            if (ours is None) != (ref is None):
+                failures.append(f"{key}: {ours} vs reference {ref}")
+        elif abs(ours - ref) > tol:
+            failures.append(f"{key}: {ours:.3f} vs reference {ref:.3f} (|diff| {abs(ours - ref):.3f} > {tol:g})")
+    return failures
+
+
+def _canon(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str,
+                    reference_dir: str = DEFAULT_REFERENCES) -> Path:
+    path = reference_path(name, reference_dir)
+    ref = {"name": name, **measured, "tolerance": spec["tolerance"], "reason": reason,
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "git_commit": git_commit(), "code_version": code_version()}
+    write_json(path, ref)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fedbench regression", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--reference-dir", default=DEFAULT_REFERENCES)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these entries only")
+    parser.add_argument("--update", action="store_true", help="rewrite the references with the new numbers")
+    parser.add_argument("--reason", help="why the references change (required with --update)")
+    args = parser.parse_args(argv)
+    if args.update and not (args.reason or "").strip():
+        raise FedbenchError("--update needs --reason \"why the numbers moved\".")
+    spec = load_config(args.config)
+    names = args.only or entry_names(spec)
+    for name in names:
+        entry_config(spec, name, "unused")  # unknown names fail before anything runs
+    failed = 0
+    for name in names:
+        measured = run_entry(spec, name)
+        shown = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=none" for k, v in measured["metrics"].items())
+        if args.update:
+            print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
+            continue
+        reference = load_reference(name, args.reference_dir)
+        failures = compare(measured, reference, spec["tolerance"])
+        if failures and reference.get("code_version") != code_version():
+            failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
+                            f"{code_version()}; reference reason: {reference.get('reason')!r})")
+        failed += bool(failures)
+        print(f"{name}: {'FAIL' if failures else 'ok'} ({shown})" + "".join(f"\n  {f}" for f in failures))
+    if not args.update:
+        print(f"regression: {len(names) - failed}/{len(names)} entries match their references")
+    return 1 if failed else 0

@@ -1,0 +1,110 @@
+"""W&B (offline): a table's runs are grouped by the table and tagged; config, per-round metrics and a
+final summary are logged; the rendered table is logged as a wandb.Table in a run with job_type "table".
+
+The offline run files are read directly: ``run-<id>.wandb`` is a LevelDB-style log of protobuf
+``Record`` messages (wandb.proto), and logged tables are written to ``files/media/table/*.table.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.cli import main
+from bench.wandb_logger import TABLE_COLUMNS
+
+BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, length, type)
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf records of an offline run file."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"not a W&B run file: {path}"
+    pos, pending, out = HEADER, b"", []
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:  # block trailer padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending += data[pos + HEADER:pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (1, 4):  # a FULL record, or the LAST piece of one
+            rec = pb.Record()
+            rec.ParseFromString(pending)
+            out.append(rec)
+            pending = b""
+        elif kind == 0:
+            pending = b""
+    return out
+
+
+def offline_run(run_dir: Path) -> dict:
+    """group, job type, name, tags, config keys, logged history keys and summary keys of a run."""
+    recs = wandb_records(next(run_dir.glob("run-*.wandb")))
+    run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+    key = lambda u: u.key or "/".join(u.nested_key)
+    history = [{key(i): json.loads(i.value_json) for i in r.history.item}
+               for r in recs if r.WhichOneof("record_type") == "history"]
+    summary = {key(u) for r in recs if r.WhichOneof("record_type") == "summary" for u in r.summary.update}
+    return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "tags": set(run.tags),
+            "config": {u.key: json.loads(u.value_json) for u in run.config.update}, "history": history,
+            "summary": summary, "dir": run_dir}
+
+
+def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    spec = {
+        "table": "wbtest", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy", "f1"],
+        "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")},
+                 "partition": {"num_clients": 4, "min_size": 10},
+                 "fed": {"rounds": 2, "batch_size": 32}, "method": {"backbone": "simple-cnn"}, "threads": 1},
+        "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}},
+                 {"label": "FedProx", "method": {"name": "fedprox", "args": {"mu": 0.01}}}],
+    }
+    config = tmp_path / "wbtest.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    wandb_dir, tables = tmp_path / "wandb", tmp_path / "tables"
+    assert main(["table", "--config", str(config), "--output-dir", str(tmp_path / "runs"),
+                 "--tables-dir", str(tables), "--wandb", "--wandb-dir", str(wandb_dir)]) == 0
+    capsys.readouterr()
+
+    runs = [offline_run(d) for d in sorted((wandb_dir / "wandb").glob("offline-run-*"))]
+    assert len(runs) == 3
+    assert {r["group"] for r in runs} == {"wbtest_digits"}
+    train = {r["name"]: r for r in runs if r["job_type"] == "train"}
+    assert set(train) == {"fedavg_digits_dir0.5_c4_s0", next(n for n in train if n.startswith("fedprox-"))}
+    fedavg = train["fedavg_digits_dir0.5_c4_s0"]
+    assert fedavg["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
+    assert fedavg["config"]["method"]["name"] == "fedavg" and fedavg["config"]["fed"]["rounds"] == 2
+    assert "code_version" in fedavg["config"]
+    steps = [h["_step"] for h in fedavg["history"] if "test/accuracy" in h]
+    assert steps == [0, 1]  # one history row per round
+    assert {"best/test/accuracy", "final/test/accuracy", "best_round"} <= fedavg["summary"]
+
+    (table_run,) = [r for r in runs if r["job_type"] == "table"]
+    assert table_run["tags"] == {"table", "wbtest", "digits"}
+    (logged,) = (table_run["dir"] / "files" / "media" / "table").glob("*.table.json")
+    logged = json.loads(logged.read_text())
+    assert logged["columns"] == TABLE_COLUMNS
+    rendered = json.loads((tables / "wbtest_digits.json").read_text())["cells"]
+    assert [row[:5] for row in logged["data"]] == [[c["method"], c["beta"], c["metric"], c["mean"], c["std"]]
+                                                   for c in rendered]
+    assert len(logged["data"]) == 4 and all(row[3] is not None and row[5] == 1 for row in logged["data"])
+    images = list((table_run["dir"] / "files" / "media" / "images").rglob("*.png"))
+    assert len(images) == 2  # the curves and the partition heatmap
+
+
+@pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
+def test_run_tags(scheme, tags):
+    from bench.config import RunConfig
+    from bench.wandb_logger import run_tags
+
+    cfg = RunConfig()
+    cfg.partition.scheme, cfg.partition.beta, cfg.seed = scheme, 0.1, 2
+    assert run_tags(cfg) == [cfg.method.name, cfg.data.name, scheme, *tags, "seed=2"]
