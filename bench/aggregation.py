@@ -19,7 +19,7 @@ class FlatLayout:
     size: int
 
     @classmethod
-    def build(cls, shapes: dict[str, tuple[int, ...] | torch.Size]) -> "FlatLayout":
+    def build(cls, shapes: dict[str, tuple[int, ...] | torch.Size]) -> FlatLayout:
         names, sizes, offsets, pos = [], [], [], 0
         for name, shape in shapes.items():
             shape = torch.Size(shape)

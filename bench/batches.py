@@ -1,13 +1,13 @@
 """Mini-batches sliced from a uint8 tensor on the device, shuffled by an explicit generator."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
-from datamodules.augment import augment_batch
 from bench.seeding import AUGMENT, SHUFFLE, derive_seed, torch_generator
+from datamodules.augment import augment_batch
 
 
 @dataclass
@@ -63,7 +63,7 @@ class EpochBatches:
         n = len(self.indices)
         if self.drop_last or (n % self.batch_size == 1 and n > 1):
             return n // self.batch_size  # a trailing batch of one sample cannot train BatchNorm: dropped
-        return -(-n // self.batch_size)
+        return -(-n // self.batch_size)  # noqa: PLE0303 (ceil division of n >= 0: never negative)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         key = self.round_idx * 1000 + self.epoch

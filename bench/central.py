@@ -6,7 +6,7 @@ derived seeds), so FedAvg with one client and one local epoch per round equals C
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import lightning as L
 import torch

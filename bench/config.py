@@ -5,7 +5,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from datamodules.base import DEFAULT_CACHE_DIR
 
@@ -15,10 +15,10 @@ class DataConfig:
     """Which dataset and how it is decoded."""
 
     name: str = "fashion-mnist"
-    root: Optional[str] = None  # default: the dataset's own default location
-    image_size: Optional[int] = None  # default: the dataset's default size
-    max_train_samples: Optional[int] = None  # class-stratified subset, for small budgets
-    max_test_samples: Optional[int] = None  # caps val and test alike
+    root: str | None = None  # default: the dataset's own default location
+    image_size: int | None = None  # default: the dataset's default size
+    max_train_samples: int | None = None  # class-stratified subset, for small budgets
+    max_test_samples: int | None = None  # caps val and test alike
     val_fraction: float = 0.1  # carved from train when the dataset has no val split
     augment: Literal["none", "flip", "npr"] = "none"
     cache_dir: str = DEFAULT_CACHE_DIR
@@ -80,7 +80,7 @@ class RunConfig:
     devices: int = 1
     accelerator: str = "auto"
     precision: str = "32-true"
-    threads: Optional[int] = None  # torch intra-op threads per rank (None: Lightning's choice)
+    threads: int | None = None  # torch intra-op threads per rank (None: Lightning's choice)
     output_dir: str = "results/runs"
     checkpoint_dir: str = "results/checkpoints"
     checkpoint_every: int = 0  # rounds; 0 = never

@@ -4,7 +4,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from datamodules.errors import FedbenchError
 

@@ -29,7 +29,7 @@ def sample_clients(seed: int, round_idx: int, num_clients: int, ratio: float) ->
         from datamodules.errors import FedbenchError
 
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {ratio}")
-    m = max(1, int(round(ratio * num_clients)))
+    m = max(1, round(ratio * num_clients))
     if m >= num_clients:
         return list(range(num_clients))
     rng = np.random.default_rng(derive_seed(seed, round_idx, -1, SAMPLE_CLIENTS))

@@ -13,7 +13,7 @@ from datamodules.errors import DatasetNotFoundError
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit, cached_decode
 
-DATASETS: Registry[type["FederatedDataModule"]] = Registry("dataset", "datamodules")
+DATASETS: Registry[type[FederatedDataModule]] = Registry("dataset", "datamodules")
 
 DEFAULT_CACHE_DIR = os.environ.get("FEDBENCH_CACHE", str(Path.home() / ".cache" / "fedbench"))
 

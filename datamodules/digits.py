@@ -1,6 +1,8 @@
 """sklearn's 8x8 digits (1797 images): a tiny real dataset for fast tests."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 
@@ -11,7 +13,7 @@ from datamodules.tensors import TensorSplit, resize_uint8
 
 @DATASETS.register("digits")
 class Digits(FederatedDataModule):
-    class_names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    class_names: ClassVar[list[str]] = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     in_channels = 1
     default_image_size = 8
     mean = (0.3,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import struct
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ def find_idx(root: Path, stem: str) -> Path | None:
 
 @DATASETS.register("fashion-mnist")
 class FashionMNIST(FederatedDataModule):
-    class_names = ["T-shirt or top", "trouser", "pullover", "dress", "coat",
+    class_names: ClassVar[list[str]] = ["T-shirt or top", "trouser", "pullover", "dress", "coat",
                    "sandal", "shirt", "sneaker", "bag", "ankle boot"]
     in_channels = 1
     default_image_size = 28

@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ class TensorSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def subset(self, index: torch.Tensor) -> "TensorSplit":
+    def subset(self, index: torch.Tensor) -> TensorSplit:
         index = torch.as_tensor(index, dtype=torch.long)
         groups = None if self.groups is None else self.groups[index]
         return TensorSplit(self.images[index], self.labels[index], groups)

@@ -22,7 +22,7 @@ from bench.registry import Registry
 from datamodules.errors import FedbenchError
 from lightning_modules.backbones import build_backbone
 
-METHODS: Registry[type["FederatedModule"]] = Registry("method", "lightning_modules")
+METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules")
 
 
 def matches_prefix(key: str, prefixes: tuple[str, ...]) -> bool:

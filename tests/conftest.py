@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tiny_cfg(tmp_path):
-    """A RunConfig for fast runs on sklearn digits, writing under tmp_path."""
+    """A RunConfig for fast runs on sklearn digits with the small CNN (it has BatchNorm, so buffer
+    aggregation is exercised), writing under tmp_path."""
     from bench.config import RunConfig
 
     def make(**overrides) -> RunConfig:
@@ -32,7 +33,7 @@ def tiny_cfg(tmp_path):
         cfg.fed.rounds = 3
         cfg.fed.sample_ratio = 0.5
         cfg.fed.batch_size = 32
-        cfg.method.backbone = "resnet18"
+        cfg.method.backbone = "simple-cnn"
         cfg.method.lr = 0.05
         cfg.output_dir = str(tmp_path / "runs")
         cfg.checkpoint_dir = str(tmp_path / "ckpt")

@@ -4,10 +4,12 @@ from conftest import load_final_state, max_state_diff, run_in_process, run_subpr
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("method,args", [("fedavg", {}), ("fedprox", {"mu": 0.01})])
-def test_two_ranks_equal_one_rank(tiny_cfg, method, args):
-    one = tiny_cfg(**{"method.name": method, "method.args": args, "experiment": "one"})
-    two = tiny_cfg(**{"method.name": method, "method.args": args, "experiment": "two", "devices": 2})
+@pytest.mark.parametrize("method,args,backbone", [("fedavg", {}, "resnet18"), ("fedprox", {"mu": 0.01}, "simple-cnn")])
+def test_two_ranks_equal_one_rank(tiny_cfg, method, args, backbone):
+    """FedAvg on timm's ResNet-18 (the paper backbone); FedProx on the small CNN."""
+    common = {"method.name": method, "method.args": args, "method.backbone": backbone}
+    one = tiny_cfg(**common, experiment="one")
+    two = tiny_cfg(**common, experiment="two", devices=2)
     record, state1 = run_in_process(one)
     run_subprocess(two)
     state2 = load_final_state(two)
