@@ -15,6 +15,9 @@ from bench.records import make_readable
 from datamodules.partition import plot_partition
 
 
+LINESTYLES = ["-", "--", ":"]
+
+
 def _save(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
@@ -53,7 +56,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) ->
     axes = fig.subplots(1, len(betas), squeeze=False)[0]
     drawn = False
     for ax, beta in zip(axes, betas):
-        for label in dict.fromkeys(r.label for r in runs):
+        for i, label in enumerate(dict.fromkeys(r.label for r in runs)):
             curves = [curve_of(records[id(r)], key) for r in runs
                       if r.label == label and beta in r.columns and id(r) in records]
             curves = [c for c in curves if c[0]]
@@ -62,6 +65,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) ->
             n = min(len(c[0]) for c in curves)  # seeds evaluated at the same rounds
             ys = np.array([c[1][:n] for c in curves])
             ax.plot(curves[0][0][:n], ys.mean(0), marker="o", markersize=2.5, linewidth=1.2,
+                    linestyle=LINESTYLES[i // 10 % len(LINESTYLES)],  # the default palette has 10 colours
                     label=f"{label} (n={len(curves)})")
             drawn = True
         ax.set_title(f"β = {beta:g}")

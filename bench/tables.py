@@ -84,12 +84,17 @@ def setup_line(rec: dict) -> str:
 
 
 def protocol_note(labels: list[str], runs: list, records: dict[int, dict]) -> str:
-    per_client = [lab for lab in labels
-                  if any(records.get(id(r), {}).get("protocol") == "per_client" for r in runs if r.label == lab)]
+    def rows_with(protocol: str) -> list[str]:
+        return [lab for lab in labels
+                if any(records.get(id(r), {}).get("protocol") == protocol for r in runs if r.label == lab)]
+
     note = "Global-model rows: test metrics at the best-validation round (FedBM's rule)."
-    if per_client:
+    if per_client := rows_with("per_client"):
         note += (f" Per-client rows ({', '.join(per_client)}): the mean over clients of each client's model on "
                  "its own test split, at the final round.")
+    if client_mean := rows_with("local_mean"):
+        note += (f" Client-mean rows ({', '.join(client_mean)}): the mean over clients of each client's own "
+                 "model on the global test set, at the final round.")
     return note
 
 

@@ -279,6 +279,7 @@ def plot_partition(
     try:
         with os.fdopen(fd, "wb") as fh:
             fig.savefig(fh, format="png", dpi=120)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are shared files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
