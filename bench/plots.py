@@ -5,30 +5,18 @@ written atomically (temporary file + rename).
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bench.records import make_readable
+from bench.records import atomic_write
 from datamodules.partition import plot_partition
-
 
 LINESTYLES = ["-", "--", ":"]
 
 
 def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        make_readable(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
 
 
 def curve_of(record: dict, key: str) -> tuple[list[int], list[float]]:

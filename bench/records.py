@@ -6,8 +6,9 @@ import math
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,18 +43,24 @@ def make_readable(path: str | os.PathLike) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, then rename it into place (readable like a
+    plain open() would make it); nothing is left behind on failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
         make_readable(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

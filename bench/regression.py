@@ -22,7 +22,7 @@ import yaml
 
 from bench.code_version import code_version
 from bench.config import RunConfig, from_dict, result_config
-from bench.records import git_commit, load_record, write_json
+from bench.records import git_commit, write_json
 from bench.table_runner import deep_merge
 from datamodules.errors import FedbenchError
 
@@ -73,8 +73,7 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix=f"fedbench-regression-{name}-") as tmp:
         cfg = entry_config(spec, name, tmp)
-        run_experiment(cfg)
-        record = load_record(Path(tmp) / cfg.experiment / f"{cfg.run_name()}.json")
+        record = run_experiment(cfg)
     final = record.get("final") or {}
     metrics = {k: final.get(k) for k in spec["tolerance"]}
     curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]

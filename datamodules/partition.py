@@ -27,14 +27,13 @@ Schemes
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.records import atomic_write
 from datamodules.errors import PartitionError
 
 SCHEMES = ("iid", "dirichlet", "shards", "natural", "dirichlet_missing")
@@ -273,14 +272,4 @@ def plot_partition(
                     color="black" if v > 0.6 * top else "white")
     ax.set_title(title or f"{num_clients} clients x {num_classes} classes")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=120)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are shared files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
