@@ -11,11 +11,11 @@ from collections.abc import Callable
 import lightning as L
 import torch
 
-from bench.batches import DeviceData, EpochBatches
 from bench.config import RunConfig
+from bench.core.batches import DeviceData, EpochBatches
+from bench.core.seeding import TORCH_GLOBAL, derive_seed
 from bench.evaluation import evaluate_local, evaluate_sharded
 from bench.federation import lr_for_round
-from bench.seeding import TORCH_GLOBAL, derive_seed
 
 
 class _RoundLikeEpochs(L.Callback):

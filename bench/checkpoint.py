@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from datamodules.tensors import atomic_torch_save
+from bench.core.atomic_io import atomic_torch_save
 
 
 class Checkpointer:

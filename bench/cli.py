@@ -15,7 +15,7 @@ import typing
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import DataConfig, FedConfig, MethodConfig, PartitionConfig, RunConfig
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 
 def run_parser() -> ArgumentParser:

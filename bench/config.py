@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from datamodules.base import DEFAULT_CACHE_DIR
+from bench.core.paths import DEFAULT_CACHE_DIR
 
 
 @dataclass

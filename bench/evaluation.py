@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.batches import DeviceData
+from bench.core.batches import DeviceData
 from bench.metrics import classification_metrics
 
 

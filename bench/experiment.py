@@ -13,18 +13,19 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
 
-from bench.batches import DeviceData
 from bench.code_version import code_version
 from bench.config import RunConfig
+from bench.core.atomic_io import atomic_torch_save, write_json
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError, PartitionError
+from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation
-from bench.records import git_commit, record_path, summarise, write_json
-from bench.seeding import INIT, derive_seed
+from bench.records import git_commit, record_path, summarise
 from bench.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import FedbenchError, PartitionError
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
-from datamodules.tensors import TensorSplit, atomic_torch_save
+from datamodules.tensors import TensorSplit
 from lightning_modules.base import METHODS, FederatedModule
 
 

@@ -9,13 +9,13 @@ import torch
 from tqdm.auto import tqdm
 
 from bench.aggregation import RoundBuffer, copy_into
-from bench.batches import DeviceData, EpochBatches
 from bench.checkpoint import Checkpointer
 from bench.config import RunConfig
+from bench.core.batches import DeviceData, EpochBatches
+from bench.core.errors import FedbenchError
+from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
 from bench.evaluation import evaluate_local, evaluate_sharded
 from bench.metrics import METRIC_NAMES
-from bench.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
-from datamodules.errors import FedbenchError
 from lightning_modules.base import ClientContext, FederatedModule
 
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer

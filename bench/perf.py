@@ -9,11 +9,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.batches import DeviceData, EpochBatches
 from bench.config import RunConfig
+from bench.core.atomic_io import write_json
+from bench.core.batches import DeviceData, EpochBatches
 from bench.experiment import build_datamodule, build_module, make_fabric, to_device
 from bench.federation import local_training
-from bench.records import write_json
 
 
 def bare_loop(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, lr: float, seed: int) -> float:

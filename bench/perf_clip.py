@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from bench.batches import DeviceData, EpochBatches
-from bench.seeding import METHOD, derive_seed, torch_generator
+from bench.core.batches import DeviceData, EpochBatches
+from bench.core.seeding import METHOD, derive_seed, torch_generator
 from lightning_modules.base import ClientContext
 from lightning_modules.components.clip_models import preprocess_uint8
 from lightning_modules.facmic import Facmic

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.records import atomic_write
+from bench.core.atomic_io import atomic_write
 from datamodules.partition import plot_partition
 
 LINESTYLES = ["-", "--", ":"]

@@ -22,9 +22,10 @@ import yaml
 
 from bench.code_version import code_version
 from bench.config import RunConfig, from_dict, result_config
-from bench.records import git_commit, write_json
+from bench.core.atomic_io import write_json
+from bench.core.errors import FedbenchError
+from bench.records import git_commit
 from bench.table_runner import deep_merge
-from datamodules.errors import FedbenchError
 
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"

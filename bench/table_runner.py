@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from bench.code_version import code_version
 from bench.config import RunConfig, from_dict, result_config
+from bench.core.errors import FedbenchError
 from bench.records import load_record, record_path
-from datamodules.errors import FedbenchError
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes",
               "wandb"}

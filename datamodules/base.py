@@ -1,21 +1,19 @@
 """The dataset interface: a LightningDataModule that decodes once into uint8 tensors."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
 import torch
 
-from bench.registry import Registry
-from datamodules.errors import DatasetNotFoundError
+from bench.core.errors import DatasetNotFoundError
+from bench.core.paths import DEFAULT_CACHE_DIR
+from bench.core.registry import Registry
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit, cached_decode
 
 DATASETS: Registry[type[FederatedDataModule]] = Registry("dataset", "datamodules")
-
-DEFAULT_CACHE_DIR = os.environ.get("FEDBENCH_CACHE", str(Path.home() / ".cache" / "fedbench"))
 
 
 class FederatedDataModule(L.LightningDataModule):

@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import torch
 
+from bench.core.errors import DatasetNotFoundError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import DatasetNotFoundError
 from datamodules.image_files import (
     FolderSpec,
     decode_image_files,

@@ -9,8 +9,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from bench.core.errors import CorruptDataError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import CorruptDataError
 from datamodules.tensors import TensorSplit, resize_uint8
 
 _FILES = {

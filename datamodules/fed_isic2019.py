@@ -29,8 +29,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from bench.core.errors import DatasetNotFoundError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import DatasetNotFoundError
 from datamodules.image_files import decode_image_files
 from datamodules.tensors import TensorSplit
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from datamodules.errors import CorruptDataError, DatasetNotFoundError
+from bench.core.errors import CorruptDataError, DatasetNotFoundError
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff"})
 PROGRESS_MIN_FILES = 500  # show a progress bar from this many files on

@@ -14,8 +14,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from bench.core.errors import CorruptDataError, DatasetNotFoundError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import CorruptDataError, DatasetNotFoundError
 from datamodules.tensors import TensorSplit, resize_uint8
 
 MEDMNIST_SIZES = (28, 64, 128, 224)

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.records import atomic_write
-from datamodules.errors import PartitionError
+from bench.core.atomic_io import atomic_write
+from bench.core.errors import PartitionError
 
 SCHEMES = ("iid", "dirichlet", "shards", "natural", "dirichlet_missing")
 

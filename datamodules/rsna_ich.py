@@ -30,8 +30,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from bench.core.errors import DatasetNotFoundError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.errors import DatasetNotFoundError
 from datamodules.image_files import IMAGE_EXTENSIONS, decode_image_files, scan_class_folders
 from datamodules.splits import stratified_split
 from datamodules.tensors import TensorSplit

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from bench.core.atomic_io import atomic_torch_save
 
 
 @dataclass
@@ -48,20 +49,6 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
         x = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         out.append(x.round_().clamp_(0, 255).to(torch.uint8))
     return torch.cat(out)
-
-
-def atomic_torch_save(obj, path: str | os.PathLike) -> None:
-    """Write with torch.save to a temporary file in the same folder, then rename: no half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cached_decode(

@@ -6,7 +6,7 @@ import re
 import torch
 from torch import nn
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 BACKBONES = ("resnet18", "efficientnet_b0", "efficientnet_lite0", "simple-cnn")
 SIMPLE_CNN_WIDTH = re.compile(r"simple-cnn(?:-w(\d+))?")  # simple-cnn (width 32) or simple-cnn-w<width>

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.batches import DeviceData
-from bench.registry import Registry
-from datamodules.errors import FedbenchError
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError
+from bench.core.registry import Registry
 from lightning_modules.backbones import build_backbone
 
 METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules")

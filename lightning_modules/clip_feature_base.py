@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.batches import DeviceData
-from datamodules.base import DEFAULT_CACHE_DIR
-from datamodules.errors import FedbenchError
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError
+from bench.core.paths import DEFAULT_CACHE_DIR
 from lightning_modules.base import FederatedModule
 from lightning_modules.components import prompts as prompt_sets
 from lightning_modules.components.clip_models import OFFLINE_CLIP, FrozenClip, load_clip

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.seeding import SERVER, derive_seed, torch_generator
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
+from bench.core.seeding import SERVER, derive_seed, torch_generator
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 
 GRAD_W, GRAD_B, HOLDERS = "crerf_grad_w", "crerf_grad_b", "crerf_holders"

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from bench.batches import DeviceData
-from bench.seeding import METHOD, SERVER, derive_seed, torch_generator
-from datamodules.errors import FedbenchError
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError
+from bench.core.seeding import METHOD, SERVER, derive_seed, torch_generator
 from lightning_modules.base import METHODS, ClientContext
 from lightning_modules.components.cgde_generator import ConceptGenerator, generate_batch, train_generator
 from lightning_modules.components.concept_distributions import ConceptDistribution

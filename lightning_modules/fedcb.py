@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from datamodules.base import DEFAULT_CACHE_DIR
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
+from bench.core.paths import DEFAULT_CACHE_DIR
 from lightning_modules.base import METHODS, FederatedModule
 from lightning_modules.clip_feature_base import rank_zero_first
 from lightning_modules.components.concept_distributions import ConceptDistribution

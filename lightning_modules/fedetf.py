@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 
 

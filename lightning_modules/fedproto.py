@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.local_phases import PerClientProtocol, class_feature_sums
 

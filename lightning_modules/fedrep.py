@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.local_phases import KeepsLocalOptimizer, PerClientProtocol, train_params
 

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.batches import DeviceData
-from datamodules.errors import FedbenchError
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import zero_shot_head

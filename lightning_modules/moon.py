@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")

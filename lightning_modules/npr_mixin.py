@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.base import ClientContext, FederatedModule
 from lightning_modules.components.npr import init_prototypes, npr_loss, npr_weight, update_prototypes
 

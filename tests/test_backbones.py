@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.backbones import build_backbone
 
 

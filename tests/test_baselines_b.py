@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import kill_and_resume, run_in_process
 from torch import nn
 
-from bench.batches import DeviceData
+from bench.core.batches import DeviceData
 from lightning_modules.base import ClientContext
 
 K = 4

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter, zero_shot_head
 from lightning_modules.components.clip_losses import clip_contrastive_loss, lmmd_loss
 from lightning_modules.components.clip_models import FrozenClip, load_clip, preprocess_uint8

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
 
-from bench.batches import DeviceData, EpochBatches
+from bench.core.batches import DeviceData, EpochBatches
+from bench.core.seeding import torch_generator
 from bench.experiment import build_datamodule, build_module, to_device
 from bench.federation import Federation
-from bench.seeding import torch_generator
 from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, kill_and_resume, max_state_diff, run_in_process
 
-from bench.batches import DeviceData
+from bench.core.batches import DeviceData
+from bench.core.errors import FedbenchError
 from bench.federation import Federation
-from datamodules.errors import FedbenchError
 from lightning_modules.base import ClientContext
 from lightning_modules.components import prompts as P
 from lightning_modules.components import text_encoders as TE

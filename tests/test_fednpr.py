@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
 from PIL import Image
 
-from bench.batches import DeviceData
+from bench.core.batches import DeviceData
+from bench.core.errors import DatasetNotFoundError
 from bench.experiment import build_datamodule, build_module, client_splits, make_fabric, to_device
 from bench.federation import Federation
 from bench.records import load_record, record_path
 from datamodules.base import DATASETS
-from datamodules.errors import DatasetNotFoundError
 from datamodules.partition import partition
 from lightning_modules.base import ClientContext
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior

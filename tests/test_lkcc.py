@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.components import prompts as P
 from lightning_modules.components import text_encoders as TE
 from lightning_modules.components.concept_distributions import ConceptDistribution

@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from bench.core.errors import CorruptDataError, DatasetNotFoundError
 from datamodules.base import DATASETS
-from datamodules.errors import CorruptDataError, DatasetNotFoundError
 from datamodules.image_files import decode_image_files, scan_class_folders
 from datamodules.medmnist import choose_medmnist_file
 

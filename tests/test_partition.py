@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datamodules.errors import PartitionError
+from bench.core.errors import PartitionError
 from datamodules.partition import SCHEMES, partition, plot_partition
 
 FMNIST_LIKE = np.repeat(np.arange(10), 600)  # 6,000 labels, 10 balanced classes

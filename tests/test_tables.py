@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.code_version import code_version
+from bench.core.atomic_io import write_json
 from bench.paper_compare import welch_p
-from bench.records import record_path, write_json
+from bench.records import record_path
 from bench.table_runner import plan_runs, record_status
 from bench.tables import render_table
 

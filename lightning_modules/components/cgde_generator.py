@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.components.lkcc import lkcc_surrogate_loss
 

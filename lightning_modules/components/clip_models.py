@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 OFFLINE_CLIP = "tiny-random"
 RANDOM_SEED = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from datamodules.tensors import atomic_torch_save
+from bench.core.atomic_io import atomic_torch_save
 from lightning_modules.components.clip_models import FrozenClip, preprocess_uint8
 
 CACHE_FORMAT = 1

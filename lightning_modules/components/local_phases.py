@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.seeding import METHOD, derive_seed, torch_generator
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
+from bench.core.seeding import METHOD, derive_seed, torch_generator
 from lightning_modules.base import ClientContext, FederatedModule
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 # Six sentence patterns shared by the medical prompt sets; "{m}" is the modality phrase.
 _PATTERNS = (

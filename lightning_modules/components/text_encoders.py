@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from datamodules.errors import FedbenchError
-from datamodules.tensors import atomic_torch_save
+from bench.core.atomic_io import atomic_torch_save
+from bench.core.errors import FedbenchError
 
 OFFLINE_ALTERNATIVE = "minilm"
 _BATCH = 64

@@ -7,7 +7,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from datamodules.errors import FedbenchError
+from bench.core.errors import FedbenchError
 
 T = TypeVar("T")
 

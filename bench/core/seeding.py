@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bench.core.errors import FedbenchError
+
 # purposes of a draw, so that two draws of one client in one round never share a stream
 SAMPLE_CLIENTS, SHUFFLE, AUGMENT, TORCH_GLOBAL, METHOD, SERVER, INIT = range(7)
 
@@ -26,8 +28,6 @@ def torch_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gene
 def sample_clients(seed: int, round_idx: int, num_clients: int, ratio: float) -> list[int]:
     """The clients taking part in a round: identical on every rank, no communication needed."""
     if not 0.0 < ratio <= 1.0:
-        from datamodules.errors import FedbenchError
-
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {ratio}")
     m = max(1, round(ratio * num_clients))
     if m >= num_clients:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.seeding import AUGMENT, SHUFFLE, derive_seed, torch_generator
-from datamodules.augment import augment_batch
+from bench.core.augment import augment_batch
+from bench.core.seeding import AUGMENT, SHUFFLE, derive_seed, torch_generator
 
 
 @dataclass
