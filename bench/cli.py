@@ -61,15 +61,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{record['run_name']}: {shown}")
             return 0
         if command == "table":
-            from bench.table_runner import main as table_main
+            from bench.reporting.table_runner import main as table_main
 
             return table_main(rest)
         if command == "regression":
-            from bench.regression import main as regression_main
+            from bench.reporting.regression import main as regression_main
 
             return regression_main(rest)
         if command == "bench":
-            from bench.perf import main as perf_main
+            from bench.reporting.perf import main as perf_main
 
             return perf_main(rest)
     except FedbenchError as err:

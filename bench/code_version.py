@@ -16,9 +16,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "lightning_modules", "datamodules")
-REPORTING = frozenset({"bench/tables.py", "bench/plots.py", "bench/table_runner.py", "bench/cli.py",
-                       "bench/wandb_logger.py", "bench/regression.py", "bench/paper_numbers.py",
-                       "bench/perf.py", "bench/perf_clip.py", "bench/code_version.py"})
+REPORTING = frozenset({"bench/reporting/tables.py", "bench/reporting/plots.py", "bench/reporting/table_runner.py", "bench/cli.py",
+                       "bench/reporting/wandb_logger.py", "bench/reporting/regression.py", "bench/reporting/paper_numbers.py",
+                       "bench/reporting/perf.py", "bench/reporting/perf_clip.py", "bench/code_version.py"})
 
 
 def source_files(root: Path = REPO_ROOT) -> list[Path]:

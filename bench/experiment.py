@@ -21,7 +21,7 @@ from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation
 from bench.records import git_commit, record_path, summarise
-from bench.wandb_logger import WandbRun, run_summary, run_tags
+from bench.reporting.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
@@ -112,7 +112,7 @@ def partition_plot_path(cfg: RunConfig) -> Path:
 
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
-    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.wandb_logger.default_dir())."""
+    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.reporting.wandb_logger.default_dir())."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -270,7 +270,7 @@ def test_minilm_embeds_the_kvasir_prompts_offline(text_cache):
                                   "ablation_kvasir", "ablation_fashion-mnist"])
 def test_fedcb_fedbm_table_configs_plan(name):
     from bench.experiment import method_arg_names
-    from bench.table_runner import load_table_config, plan_runs
+    from bench.reporting.table_runner import load_table_config, plan_runs
     from lightning_modules.base import METHODS
 
     spec = load_table_config(str(REPO / "configs" / "tables" / f"{name}.yaml"))
@@ -284,7 +284,7 @@ def test_fedcb_fedbm_table_configs_plan(name):
 
 
 def test_table_rows_restricted_to_betas_must_cover_every_column():
-    from bench.table_runner import plan_runs
+    from bench.reporting.table_runner import plan_runs
 
     spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "seeds": [0],
             "rows": [{"label": "A", "betas": [0.05], "method": {"name": "fedavg"}}]}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.paper_numbers import CELL_KEYS, PAPERS, load_paper_numbers, lookup
+from bench.reporting.paper_numbers import CELL_KEYS, PAPERS, load_paper_numbers, lookup
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "results" / "paper"

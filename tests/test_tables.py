@@ -10,10 +10,10 @@ import pytest
 
 from bench.code_version import code_version
 from bench.core.atomic_io import write_json
-from bench.paper_compare import welch_p
 from bench.records import record_path
-from bench.table_runner import plan_runs, record_status
-from bench.tables import render_table
+from bench.reporting.paper_compare import welch_p
+from bench.reporting.table_runner import plan_runs, record_status
+from bench.reporting.tables import render_table
 
 SPEC = {
     "table": "table2", "dataset": "kvasir", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1, 2],
@@ -165,11 +165,11 @@ def test_stale_records_are_rerun(tmp_path, monkeypatch):
 def test_code_version_tracks_method_sources_not_reporting(tmp_path):
     from bench.code_version import compute_code_version
 
-    for rel in ("bench/federation.py", "bench/tables.py", "lightning_modules/fedavg.py", "datamodules/base.py"):
+    for rel in ("bench/federation.py", "bench/reporting/tables.py", "lightning_modules/fedavg.py", "datamodules/base.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(f"# {rel}\n")
     v0 = compute_code_version(tmp_path)
-    (tmp_path / "bench/tables.py").write_text("# a new table layout\n")
+    (tmp_path / "bench/reporting/tables.py").write_text("# a new table layout\n")
     assert compute_code_version(tmp_path) == v0
     (tmp_path / "lightning_modules/fedavg.py").write_text("# a changed loss\n")
     assert compute_code_version(tmp_path) != v0

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.wandb_logger import TABLE_COLUMNS
+from bench.reporting.wandb_logger import TABLE_COLUMNS
 
 BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, length, type)
 
@@ -103,7 +103,7 @@ def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
 def test_run_tags(scheme, tags):
     from bench.config import RunConfig
-    from bench.wandb_logger import run_tags
+    from bench.reporting.wandb_logger import run_tags
 
     cfg = RunConfig()
     cfg.partition.scheme, cfg.partition.beta, cfg.seed = scheme, 0.1, 2

@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
               f"ratio {r['median_ratio']:.3f} (per repeat: {', '.join(f'{v:.3f}' for v in r['ratios'])})")
     if not args.skip_clip:
         try:
-            from bench.perf_clip import facmic_cache_speedup
+            from bench.reporting.perf_clip import facmic_cache_speedup
         except ImportError:
             print("  (FACMIC cache timing not available yet)")
         else:

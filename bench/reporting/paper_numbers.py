@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.core.paths import REPO_ROOT
+
 PAPERS = ("fedcb", "fedbm", "fednpr", "facmic", "fstcbdg")
 CELL_KEYS = ("dataset", "partition", "method", "metric", "mean", "std", "setting")
-_REPO = Path(__file__).resolve().parents[1]
 
 
 def _resolve_root(root: str | Path) -> Path:
     path = Path(root)
-    if not path.is_absolute() and not path.exists() and (_REPO / path).exists():
-        path = _REPO / path  # default works from any working directory
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        path = REPO_ROOT / path  # default works from any working directory
     return path
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
-from bench.paper_compare import compare, load_cells, paper_cell, paper_names
-from bench.plots import plot_curves, plot_partitions
 from bench.records import load_record, record_path
+from bench.reporting.paper_compare import compare, load_cells, paper_cell, paper_names
+from bench.reporting.plots import plot_curves, plot_partitions
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-# the table's cell fields, in column order (bench/tables.py writes them to <table>.json)
+# the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
 TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
                  "delta", "p_value", "paper_source"]
 
@@ -70,7 +70,7 @@ def run_summary(record: dict) -> dict[str, Any]:
 
 
 def log_table(table: dict, figures: dict[str, str], project: str, directory: str | None = None) -> str | None:
-    """Log a rendered table (the JSON bench/tables.py writes) as a wandb.Table, and its PNG figures,
+    """Log a rendered table (the JSON bench/reporting/tables.py writes) as a wandb.Table, and its PNG figures,
     in a run of the table's group with job_type "table". Returns the run's local files directory."""
     import wandb
 

@@ -25,7 +25,7 @@ from bench.config import RunConfig, from_dict, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.records import git_commit
-from bench.table_runner import deep_merge
+from bench.reporting.table_runner import deep_merge
 
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"

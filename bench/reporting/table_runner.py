@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
     args = parser.parse_args(argv)
 
-    from bench.tables import render_table
+    from bench.reporting.tables import render_table
 
     spec = load_table_config(args.config)
     args.wandb = args.wandb or bool(spec.get("wandb"))
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        from bench.wandb_logger import log_table
+        from bench.reporting.wandb_logger import log_table
 
         figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
         table = json.loads(Path(paths["json"]).read_text())

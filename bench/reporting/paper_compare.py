@@ -13,7 +13,7 @@ import math
 
 from scipy import stats
 
-from bench.paper_numbers import load_paper_numbers
+from bench.reporting.paper_numbers import load_paper_numbers
 
 PAPER_RUNS = 3
 
