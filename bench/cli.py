@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "run":
             from bench.experiment import run_experiment
+            from bench.reporting.wandb_logger import wandb_observer
 
-            record = run_experiment(parse_run(rest))
+            cfg = parse_run(rest)
+            record = run_experiment(cfg, observer=wandb_observer(cfg))
             if record:
                 best = record.get("best", {})
                 shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items() if k.startswith("test/") and isinstance(v, float))

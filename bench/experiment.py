@@ -21,12 +21,29 @@ from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation
 from bench.records import git_commit, record_path, summarise
-from bench.reporting.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
 from datamodules.tensors import TensorSplit
 from lightning_modules.base import METHODS, FederatedModule
+
+
+class RunObserver:
+    """What a caller watches of a run: run_experiment calls it on every rank (an observer that logs
+    acts on rank 0). This one does nothing; W&B's is bench.reporting.wandb_logger.WandbObserver,
+    which the CLI and the table runner pass when cfg.wandb is set."""
+
+    def start(self, cfg: RunConfig, rank: int) -> None:
+        """The run's data and model are built; ``rank`` is this process's global rank."""
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """The metrics of evaluated round ``step``."""
+
+    def summary(self, record: dict[str, Any]) -> None:
+        """The finished run's record, before it is written."""
+
+    def finish(self, exit_code: int = 0) -> None:
+        """The run is over: exit code 0 after ``summary``, 1 when it raised."""
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
@@ -110,9 +127,11 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
-def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
+                   observer: RunObserver | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
-    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.reporting.wandb_logger.default_dir())."""
+    ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
+    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg))."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -135,22 +154,22 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     val, test = to_device(dm.val, dm, device), to_device(dm.test, dm, device)
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
-    wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
-                     run_tags(cfg), {**cfg.to_dict(), "code_version": code_version()}, wandb_dir)
+    observer = observer or RunObserver()
+    observer.start(cfg, fabric.global_rank)
     try:
         if module.runs_centrally:
             from bench.central import train_central
 
-            history = train_central(fabric, cfg, module, train, val, test, log=wandb.log)
+            history = train_central(fabric, cfg, module, train, val, test, log=observer.log)
             protocol = "global"
         else:
             clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", device)
             fed = Federation(fabric, cfg, module, train, clients, val, test)
-            fed.on_round_end = lambda e: wandb.log(e["metrics"], step=e["round"]) if e["metrics"] else None
+            fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
             history = fed.run()
             protocol = module.protocol
     except BaseException:
-        wandb.finish(exit_code=1)
+        observer.finish(exit_code=1)
         raise
     summary = summarise(history, protocol)
     shared = set(module.shared_keys())
@@ -167,8 +186,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary, "wall_seconds": time.time() - started,
     }
-    wandb.summary(run_summary(record))
-    wandb.finish()
+    observer.summary(record)
+    observer.finish()
     if fabric.global_rank == 0:
         path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
         if cfg.save_final_state:

@@ -108,3 +108,22 @@ def test_run_tags(scheme, tags):
     cfg = RunConfig()
     cfg.partition.scheme, cfg.partition.beta, cfg.seed = scheme, 0.1, 2
     assert run_tags(cfg) == [cfg.method.name, cfg.data.name, scheme, *tags, "seed=2"]
+
+
+def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
+    """`fedbench run --wandb true`: the CLI passes the W&B observer; one train run with config, tags,
+    one history row per round and the final summary (files under $WANDB_DIR)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    assert main(["run", "--data.name", "digits", "--data.cache_dir", str(tmp_path / "cache"),
+                 "--method.backbone", "simple-cnn", "--fed.rounds", "2", "--partition.num_clients", "4",
+                 "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+                 "--threads", "1", "--progress", "false", "--experiment", "wbrun", "--wandb", "true"]) == 0
+    capsys.readouterr()
+    (run,) = [offline_run(d) for d in (tmp_path / "wandb" / "wandb").glob("offline-run-*")]
+    assert (run["group"], run["job_type"], run["name"]) == ("wbrun", "train", "fedavg_digits_dir0.5_c4_s0")
+    assert run["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
+    assert run["config"]["fed"]["rounds"] == 2 and "code_version" in run["config"]
+    assert [h["_step"] for h in run["history"] if "test/accuracy" in h] == [0, 1]
+    assert {"best/test/accuracy", "final/test/accuracy", "best_round", "protocol"} <= run["summary"]

@@ -146,6 +146,7 @@ def main(argv: list[str]) -> int:
 def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     """Run the runs without a matching record; returns this process's global rank."""
     from bench.experiment import build_datamodule, make_fabric, run_experiment
+    from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()
     todo = []
@@ -170,5 +171,5 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} beta={r.beta:g} seed={r.seed}")
-        run_experiment(r.cfg, fabric, wandb_dir=args.wandb_dir)
+        run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir))
     return fabric.global_rank

@@ -13,6 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bench.code_version import code_version
+from bench.config import RunConfig
+from bench.experiment import RunObserver
+
 # the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
 TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
                  "delta", "p_value", "paper_source"]
@@ -59,6 +63,36 @@ class WandbRun:
         if self.run is not None:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+class WandbObserver(RunObserver):
+    """Logs one experiment run (run_experiment's observer) to W&B on rank 0: config with the code
+    version, tags, per-round metrics and the summary of the final record."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self.run: WandbRun | None = None
+
+    def start(self, cfg: RunConfig, rank: int) -> None:
+        self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(), run_tags(cfg),
+                            {**cfg.to_dict(), "code_version": code_version()}, self.directory)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def summary(self, record: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.summary(run_summary(record))
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=exit_code)
+
+
+def wandb_observer(cfg: RunConfig, directory: str | None = None) -> WandbObserver | None:
+    """The observer to pass to run_experiment: W&B logging when cfg.wandb, else none."""
+    return WandbObserver(directory) if cfg.wandb else None
 
 
 def run_summary(record: dict) -> dict[str, Any]:
