@@ -1,0 +1,59 @@
+"""The packages are layered one way: every import (module- or function-level, read with ast) of
+bench, datamodules and lightning_modules goes to its own layer or one below it, so no package
+imports one that imports it back."""
+from __future__ import annotations
+
+from conftest import REPO
+
+from bench.code_version import imported_modules, module_name, module_path
+
+# bottom to top: a module may import its own layer and the ones before it
+LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench round core", "bench.reporting", "bench.cli")
+PACKAGES = ("bench", "datamodules", "lightning_modules")
+
+
+def layer(module: str) -> str | None:
+    """The layer of a module of the three packages (None: a third-party or standard module)."""
+    for name in ("bench.core", "bench.reporting", "bench.cli", "datamodules", "lightning_modules"):
+        if module == name or module.startswith(name + "."):
+            return name
+    if module == "bench" or module.startswith("bench."):
+        return "bench round core"
+    return None
+
+
+def project_modules() -> dict[str, set[str]]:
+    """module -> the project modules it imports (``from a import b``: a.b when that is a module, else a)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            name = module_name(path, REPO)
+            out[name] = {m for m in imported_modules(path, name)
+                         if layer(m) is not None and module_path(m, REPO) is not None}
+    return out
+
+
+def violations(modules: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, imports in sorted(modules.items()):
+        own = LAYERS.index(layer(module))
+        bad += [f"{module} ({layer(module)}) imports {m} ({layer(m)})"
+                for m in sorted(imports) if LAYERS.index(layer(m)) > own]
+    return bad
+
+
+def test_imports_only_go_down_the_layers():
+    modules = project_modules()
+    bad = violations(modules)
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+    assert {layer(m) for m in modules} == set(LAYERS)
+
+
+def test_the_check_sees_function_level_imports_and_upward_edges():
+    modules = project_modules()
+    assert "bench.experiment" in modules["bench.cli"]  # imported inside main()
+    assert "bench.reporting.tables" in modules["bench.reporting.table_runner"]  # inside main()
+    assert violations({"datamodules.partition": {"bench.records"}}) == [
+        "datamodules.partition (datamodules) imports bench.records (bench round core)"]
+    assert violations({"bench.experiment": {"bench.reporting.wandb_logger"}}) != []
+    assert violations({"bench.core.batches": {"datamodules.augment"}}) != []
