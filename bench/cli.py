@@ -14,7 +14,7 @@ import typing
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from bench.config import DataConfig, FedConfig, MethodConfig, PartitionConfig, RunConfig
+from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.errors import FedbenchError
 
 
@@ -22,13 +22,10 @@ def run_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedbench run", description="Run one federated experiment.",
                             default_env=False, exit_on_error=True)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
-    for name, typ in (("data", DataConfig), ("partition", PartitionConfig), ("fed", FedConfig),
-                      ("method", MethodConfig)):
+    for name, typ in OPTION_GROUPS.items():
         parser.add_argument(f"--{name}", type=typ, default=typ())
     defaults, hints = RunConfig(), typing.get_type_hints(RunConfig)
-    for field in ("seed", "experiment", "devices", "accelerator", "precision", "threads", "output_dir",
-                  "checkpoint_dir", "checkpoint_every", "resume", "save_final_state", "wandb", "wandb_project",
-                  "progress"):
+    for field in TOP_LEVEL_KEYS:
         parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field))
     return parser
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bench.core.paths import DEFAULT_CACHE_DIR
+
+# field metadata of the options that say where/how a run executes, not what it computes: ignored
+# when records and references are matched (result_config)
+EXECUTION = {"execution": True}
 
 
 @dataclass
@@ -21,7 +26,7 @@ class DataConfig:
     max_test_samples: int | None = None  # caps val and test alike
     val_fraction: float = 0.1  # carved from train when the dataset has no val split
     augment: Literal["none", "flip", "npr"] = "none"
-    cache_dir: str = DEFAULT_CACHE_DIR
+    cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 
 @dataclass
@@ -77,18 +82,18 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
-    devices: int = 1
-    accelerator: str = "auto"
+    devices: int = field(default=1, metadata=EXECUTION)
+    accelerator: str = field(default="auto", metadata=EXECUTION)
     precision: str = "32-true"
-    threads: int | None = None  # torch intra-op threads per rank (None: Lightning's choice)
-    output_dir: str = "results/runs"
-    checkpoint_dir: str = "results/checkpoints"
-    checkpoint_every: int = 0  # rounds; 0 = never
-    resume: bool = False
-    save_final_state: bool = False  # also write the final global state next to the record
-    wandb: bool = False
-    wandb_project: str = "fedbench"
-    progress: bool = True
+    threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)
+    output_dir: str = field(default="results/runs", metadata=EXECUTION)
+    checkpoint_dir: str = field(default="results/checkpoints", metadata=EXECUTION)
+    checkpoint_every: int = field(default=0, metadata=EXECUTION)  # rounds; 0 = never
+    resume: bool = field(default=False, metadata=EXECUTION)
+    save_final_state: bool = field(default=False, metadata=EXECUTION)  # also write the final global state
+    wandb: bool = field(default=False, metadata=EXECUTION)
+    wandb_project: str = field(default="fedbench", metadata=EXECUTION)
+    progress: bool = field(default=True, metadata=EXECUTION)
 
     def run_name(self) -> str:
         p = self.partition
@@ -103,23 +108,35 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+# RunConfig's option groups (--data.*, --partition.*, ...) and its top-level options, from the dataclasses
+OPTION_GROUPS: dict[str, type] = {name: typ for name, typ in typing.get_type_hints(RunConfig).items()
+                                  if dataclasses.is_dataclass(typ)}
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in OPTION_GROUPS)
+
+
+def execution_keys(cls: type) -> set[str]:
+    """The fields of a config dataclass marked with EXECUTION metadata."""
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("execution")}
+
+
 def from_dict(d: dict[str, Any]) -> RunConfig:
     """Build a RunConfig from nested dicts (records, tables); unknown keys are an error."""
-    groups = {"data": DataConfig, "partition": PartitionConfig, "fed": FedConfig, "method": MethodConfig}
     kwargs = {}
     for key, value in d.items():
-        if key in groups:
-            kwargs[key] = groups[key](**value)
+        if key in OPTION_GROUPS:
+            kwargs[key] = OPTION_GROUPS[key](**value)
         else:
             kwargs[key] = value
     return RunConfig(**kwargs)
 
 
-# options that say where/how a run executes, not what it computes: ignored when matching records
-EXECUTION_KEYS = ("devices", "accelerator", "threads", "output_dir", "checkpoint_dir", "checkpoint_every",
-                  "resume", "save_final_state", "wandb", "wandb_project", "progress")
-
-
 def result_config(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config dict that determines a run's numbers."""
-    return {k: v for k, v in d.items() if k not in EXECUTION_KEYS}
+    """The part of a config dict that determines a run's numbers: without the EXECUTION fields."""
+    out = {}
+    for key, value in d.items():
+        if key in execution_keys(RunConfig):
+            continue
+        if key in OPTION_GROUPS and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in execution_keys(OPTION_GROUPS[key])}
+        out[key] = value
+    return out

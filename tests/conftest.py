@@ -73,14 +73,15 @@ def cli_args(cfg) -> list[str]:
     import dataclasses
     import json
 
+    from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS
+
     args = []
-    for group in ("data", "partition", "fed", "method"):
+    for group in OPTION_GROUPS:
         for key, value in dataclasses.asdict(getattr(cfg, group)).items():
             if value is None:
                 continue
             args += [f"--{group}.{key}", json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)]
-    for key in ("seed", "experiment", "devices", "accelerator", "threads", "output_dir", "checkpoint_dir",
-                "checkpoint_every", "resume", "save_final_state", "progress"):
+    for key in TOP_LEVEL_KEYS:
         value = getattr(cfg, key)
         if value is not None:
             args += [f"--{key}", json.dumps(value) if isinstance(value, bool) else str(value)]

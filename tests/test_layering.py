@@ -8,7 +8,8 @@ from conftest import REPO
 from bench.code_version import imported_modules, module_name, module_path
 
 # bottom to top: a module may import its own layer and the ones before it
-LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench round core", "bench.reporting", "bench.cli")
+LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench round core", "bench.reporting",
+          "bench.cli")
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 
 

@@ -18,37 +18,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.code_version import code_version
-from bench.config import RunConfig, from_dict, result_config
+from bench.config import RunConfig, execution_keys, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.records import git_commit
-from bench.reporting.table_runner import deep_merge
+from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config
 
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"
 CONFIG_KEYS = {"tolerance", "base", "runs"}
-ENTRY_KEYS = {"name", "data", "partition", "fed", "method", "seed"}
+# a run's name and the options that determine its numbers (its experiment is regression_<name>)
+ENTRY_KEYS = {"name"} | (RUN_KEYS - execution_keys(RunConfig) - {"experiment"})
 
 
 def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
     """The regression config, checked: known keys, unique entry names, a tolerance per metric."""
-    p = Path(path)
-    if not p.exists():
-        raise FedbenchError(f"Regression config {path!r} not found.")
-    spec = yaml.safe_load(p.read_text()) or {}
-    if set(spec) - CONFIG_KEYS:
-        raise FedbenchError(f"{path}: unknown key(s) {sorted(set(spec) - CONFIG_KEYS)}; allowed: {sorted(CONFIG_KEYS)}.")
+    spec = load_spec(path, "Regression config", CONFIG_KEYS)
     if not spec.get("tolerance") or not spec.get("runs"):
         raise FedbenchError(f"{path}: needs 'tolerance' (metric: absolute pp) and 'runs'.")
     names = [e.get("name") for e in spec["runs"]]
     if None in names or len(set(names)) != len(names):
         raise FedbenchError(f"{path}: every run needs a unique 'name'; got {names}.")
     for entry in spec["runs"]:
-        if set(entry) - ENTRY_KEYS:
-            raise FedbenchError(f"{path}: run {entry['name']!r} has unknown key(s) {sorted(set(entry) - ENTRY_KEYS)}.")
+        check_overrides(entry, f"{path}: run {entry['name']!r}", ENTRY_KEYS)
     return spec
 
 
@@ -61,11 +54,10 @@ def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
     entry = next((e for e in spec["runs"] if e["name"] == name), None)
     if entry is None:
         raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
-    d = deep_merge(deep_merge(RunConfig().to_dict(), spec.get("base", {})),
-                   {k: v for k, v in entry.items() if k != "name"})
-    d.update(experiment=f"regression_{name}", output_dir=output_dir, checkpoint_dir=str(Path(output_dir) / "ckpt"),
-             progress=False, wandb=False)
-    return from_dict(d)
+    run = {"experiment": f"regression_{name}", "output_dir": output_dir,
+           "checkpoint_dir": str(Path(output_dir) / "ckpt"), "progress": False, "wandb": False}
+    return run_config(spec.get("base") or {}, {k: v for k, v in entry.items() if k != "name"}, run,
+                      where=f"regression run {name!r}")
 
 
 def run_entry(spec: dict, name: str) -> dict[str, Any]:
@@ -78,15 +70,8 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
     final = record.get("final") or {}
     metrics = {k: final.get(k) for k in spec["tolerance"]}
     curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]
-    return {"config": comparable_config(cfg), "metrics": metrics, "test_accuracy_per_round": curve,
+    return {"config": result_config(cfg.to_dict()), "metrics": metrics, "test_accuracy_per_round": curve,
             "protocol": record.get("protocol")}
-
-
-def comparable_config(cfg: RunConfig) -> dict[str, Any]:
-    """The result-config without machine-specific paths (the data cache location)."""
-    d = result_config(cfg.to_dict())
-    d["data"].pop("cache_dir", None)
-    return d
 
 
 def reference_path(name: str, reference_dir: str = DEFAULT_REFERENCES) -> Path:
@@ -104,7 +89,7 @@ def load_reference(name: str, reference_dir: str = DEFAULT_REFERENCES) -> dict[s
 def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict[str, float]) -> list[str]:
     """Failures (empty when the run matches its reference): a stale config or a metric off by more
     than its absolute tolerance (a metric present on one side only also fails)."""
-    if _canon(measured["config"]) != _canon(reference.get("config")):
+    if canonical(measured["config"]) != canonical(reference.get("config")):
         return ["the entry's config differs from the reference's (stale reference: rerun with --update)"]
     failures = []
     for key, tol in tolerance.items():
@@ -115,10 +100,6 @@ def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict
         elif abs(ours - ref) > tol:
             failures.append(f"{key}: {ours:.3f} vs reference {ref:.3f} (|diff| {abs(ours - ref):.3f} > {tol:g})")
     return failures
-
-
-def _canon(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
 def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str,

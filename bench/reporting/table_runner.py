@@ -10,25 +10,24 @@ beta columns only, and rows sharing a label fill one table row).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm.auto import tqdm
 
 from bench.code_version import code_version
-from bench.config import RunConfig, from_dict, result_config
+from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError
 from bench.records import load_record, record_path
+from bench.reporting.spec import canonical, check_overrides, load_spec, run_config
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes",
               "wandb"}
-ROW_KEYS = {"label", "partition_independent", "data", "partition", "fed", "method", "paper_method", "betas",
-            "paper_table", "paper_setting"}
+# a row's own keys; its other keys override RunConfig's option groups
+ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "paper_table", "paper_setting"}
 
 
 @dataclass
@@ -40,52 +39,31 @@ class PlannedRun:
     columns: list[float]  # beta columns this run fills
 
 
-def deep_merge(a: dict, b: dict) -> dict:
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args" else copy.deepcopy(v)
-    return out
-
-
 def load_table_config(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.exists():
-        avail = sorted(x.name for x in Path("configs/tables").glob("*.yaml")) if Path("configs/tables").exists() else []
-        raise FedbenchError(f"Table config {path!r} not found. Available: {', '.join(avail) or 'none'}.")
-    spec = yaml.safe_load(p.read_text()) or {}
-    unknown = set(spec) - TABLE_KEYS
-    if unknown:
-        raise FedbenchError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(TABLE_KEYS)}.")
+    tables = Path("configs/tables")
+    avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
+    spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
     for row in spec.get("rows", []):
-        bad = set(row) - ROW_KEYS
-        if bad:
-            raise FedbenchError(f"{path}: row {row.get('label')!r} has unknown key(s) {sorted(bad)}; allowed: {sorted(ROW_KEYS)}.")
+        check_overrides(row, f"{path}: row {row.get('label')!r}", ROW_OWN_KEYS | set(OPTION_GROUPS))
     return spec
 
 
 def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[PlannedRun]:
-    base = RunConfig().to_dict()
-    base = deep_merge(base, spec.get("base", {}))
     experiment = f"{spec['table']}_{spec['dataset']}"
     runs = []
     for row in spec["rows"]:
-        overrides = {k: v for k, v in row.items() if k in ("data", "partition", "fed", "method")}
+        overrides = {k: v for k, v in row.items() if k in OPTION_GROUPS}
         betas = row.get("betas", spec["betas"])
         if not set(betas) <= set(spec["betas"]):
             raise FedbenchError(f"Table {experiment}, row {row['label']!r}: betas {betas} not all in the table's {spec['betas']}.")
         betas = spec["betas"][:1] if row.get("partition_independent") else betas
         for beta in betas:
             for seed in spec["seeds"]:
-                d = deep_merge(base, overrides)
-                d["partition"]["beta"] = beta
-                d["seed"] = seed
-                d["experiment"] = experiment
+                run = {"partition": {"beta": beta}, "seed": seed, "experiment": experiment}
                 if output_dir:
-                    d["output_dir"] = output_dir
-                try:
-                    cfg = from_dict(d)
-                except TypeError as err:
-                    raise FedbenchError(f"Table {experiment}, row {row['label']!r}: {err}") from err
+                    run["output_dir"] = output_dir
+                cfg = run_config(spec.get("base") or {}, overrides, run,
+                                 where=f"Table {experiment}, row {row['label']!r}")
                 cols = spec["betas"] if row.get("partition_independent") else [beta]
                 runs.append(PlannedRun(row["label"], beta, seed, cfg, cols))
     for label in dict.fromkeys(r.label for r in runs):
@@ -103,7 +81,7 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     if not path.exists():
         return None, "no record"
     rec = load_record(path)
-    same = json.loads(json.dumps(result_config(rec.get("config", {})))) == json.loads(json.dumps(result_config(cfg.to_dict())))
+    same = canonical(result_config(rec.get("config", {}))) == canonical(result_config(cfg.to_dict()))
     if not same:
         return None, "config changed"
     if rec.get("code_version") != code_version():

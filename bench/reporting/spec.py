@@ -1,0 +1,82 @@
+"""One loader for the YAML specs that expand into runs: table configs (configs/tables/*.yaml) and the
+regression set (configs/regression.yaml).
+
+Both hold RunConfig overrides (``base``; a table's rows, the regression runs) merged onto the
+defaults in order. Every key is checked before anything runs: a spec's own keys against the list
+its runner gives, the overrides against the fields of the config dataclasses (bench/config.py), so
+a typo is one error naming the key and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.config import OPTION_GROUPS, RunConfig, from_dict
+from bench.core.errors import FedbenchError
+
+RUN_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
+def check_keys(given: dict, allowed: Iterable[str], where: str, within: str = "") -> None:
+    """``where`` (e.g. "t.yaml: row 'A'") may hold only ``allowed`` keys (``within``: under which key)."""
+    allowed = sorted(allowed)
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise FedbenchError(f"{where} has unknown key(s) {unknown}{f' in {within}' if within else ''}; "
+                            f"allowed: {allowed}.")
+
+
+def check_overrides(overrides: dict, where: str, allowed: Iterable[str] = RUN_KEYS) -> None:
+    """RunConfig overrides: ``allowed`` top-level keys, and in each option group only its fields
+    (``method.args`` is the method's own: build_module checks it)."""
+    check_keys(overrides, allowed, where)
+    for group, cls in OPTION_GROUPS.items():
+        if isinstance(overrides.get(group), dict):
+            check_keys(overrides[group], [f.name for f in dataclasses.fields(cls)], where, within=group)
+
+
+def load_spec(path: str, what: str, keys: Iterable[str], not_found_hint: str = "") -> dict[str, Any]:
+    """The YAML mapping at ``path`` (a ``what``, e.g. "Table config"): its keys within ``keys``,
+    its ``base`` valid RunConfig overrides."""
+    p = Path(path)
+    if not p.exists():
+        raise FedbenchError(f"{what} {path!r} not found.{not_found_hint}")
+    spec = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(spec, dict):
+        raise FedbenchError(f"{path}: a {what.lower()} is a mapping of keys ({sorted(keys)}).")
+    check_keys(spec, keys, path)
+    check_overrides(spec.get("base") or {}, f"{path}: base")
+    return spec
+
+
+def deep_merge(a: dict, b: dict) -> dict:
+    """``b`` merged into a copy of ``a``, dict by dict (``args`` is replaced whole: a method's options)."""
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        merge = isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args"
+        out[k] = deep_merge(out[k], v) if merge else copy.deepcopy(v)
+    return out
+
+
+def run_config(*overrides: dict, where: str) -> RunConfig:
+    """The RunConfig of the defaults with ``overrides`` merged in order (``where`` names the run in
+    the error when the result is not a valid config)."""
+    d = RunConfig().to_dict()
+    for layer in overrides:
+        d = deep_merge(d, layer)
+    try:
+        return from_dict(d)
+    except TypeError as err:
+        raise FedbenchError(f"{where}: {err}") from err
+
+
+def canonical(obj: Any) -> Any:
+    """``obj`` as a JSON file holds it (tuples as lists, keys as strings): configs compare equal to
+    the ones read back from records and references."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
