@@ -18,7 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "lightning_modules", "datamodules")
 REPORTING = frozenset({"bench/tables.py", "bench/plots.py", "bench/table_runner.py", "bench/cli.py",
                        "bench/wandb_logger.py", "bench/regression.py", "bench/paper_numbers.py",
-                       "bench/perf.py", "bench/perf_clip.py", "bench/code_version.py"})
+                       "bench/perf.py", "bench/perf_clip.py", "bench/code_version.py", "bench/coverage.py",
+                       "bench/columns.py", "bench/protocols.py", "bench/paper_compare.py"})
 
 
 def source_files(root: Path = REPO_ROOT) -> list[Path]:

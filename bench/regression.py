@@ -103,7 +103,7 @@ def load_reference(name: str, reference_dir: str = DEFAULT_REFERENCES) -> dict[s
 def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict[str, float]) -> list[str]:
     """Failures (empty when the run matches its reference): a stale config or a metric off by more
     than its absolute tolerance (a metric present on one side only also fails)."""
-    if _canon(measured["config"]) != _canon(reference.get("config")):
+    if _canon(measured["config"]) != _canon(with_defaults(reference.get("config"))):
         return ["the entry's config differs from the reference's (stale reference: rerun with --update)"]
     failures = []
     for key, tol in tolerance.items():
@@ -114,6 +114,24 @@ def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict
         elif abs(ours - ref) > tol:
             failures.append(f"{key}: {ours:.3f} vs reference {ref:.3f} (|diff| {abs(ours - ref):.3f} > {tol:g})")
     return failures
+
+
+def with_defaults(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored config with options added since it was written at their defaults (a new option at
+    its default changes no number; any other difference still makes the reference stale)."""
+    if not isinstance(config, dict):
+        return config
+
+    def fill(defaults: dict, stored: dict) -> dict:
+        out = dict(stored)
+        for k, v in defaults.items():
+            if k not in out:
+                out[k] = v
+            elif isinstance(v, dict) and isinstance(out[k], dict) and k != "args":
+                out[k] = fill(v, out[k])
+        return out
+
+    return fill(comparable_config(RunConfig()), config)
 
 
 def _canon(obj: Any) -> Any:
