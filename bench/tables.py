@@ -135,15 +135,17 @@ def protocol_note(labels: list[str], protocols: dict[str, RowProtocol], table_ru
     return " ".join(parts)
 
 
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> dict[str, str]:
-    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths."""
+def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
+                 papers_root: str = "results/paper") -> dict[str, str]:
+    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
+    ``papers_root``: where the papers' numbers are (results/paper)."""
     metrics = spec.get("metrics", ["accuracy", "f1"])
     columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
     protocols = row_protocols(spec, runs)
     records = load_records(runs)
     cells = collect(spec, runs, records, columns, protocols)
-    matches = match_table(spec, runs, columns, load_cells(spec))
+    matches = match_table(spec, runs, columns, load_cells(spec, papers_root))
     papers = paper_names(spec)
     # one column group per paper with a cell in this table; one plain "paper" group when none has
     groups = [p for p in papers if any(m.cell is not None for ms in matches.values() for m in ms if m.paper == p)]
