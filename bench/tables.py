@@ -118,7 +118,9 @@ def protocol_note(labels: list[str], protocols: dict[str, RowProtocol], table_ru
     """What every row reports, grouped by evaluation and round rule."""
     default = table_rule or "best-val-acc"
     parts = []
-    for (ev, rule) in dict.fromkeys((protocols[lab].eval, protocols[lab].round) for lab in labels):
+    order = {"global": 0, "per_client": 1, "local_mean": 2}
+    groups = dict.fromkeys((protocols[lab].eval, protocols[lab].round) for lab in labels)
+    for (ev, rule) in sorted(groups, key=lambda g: order[g[0]]):
         rows = [lab for lab in labels if (protocols[lab].eval, protocols[lab].round) == (ev, rule)]
         if ev == "global" and rule == "best-val-acc" and rule == default:
             parts.append("Global-model rows: test metrics at the best-validation round (highest validation accuracy).")
