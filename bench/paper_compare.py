@@ -29,7 +29,7 @@ from scipy import stats
 
 from bench.columns import Column
 from bench.paper_numbers import load_paper_numbers
-from bench.protocols import RowProtocol, protocol_difference, row_protocol
+from bench.protocols import RowProtocol, protocol_facets, row_protocol
 from datamodules.errors import FedbenchError
 
 PAPER_RUNS = 3
@@ -130,6 +130,7 @@ class Match:
     paper: str
     cell: dict | None
     differs: str | None = None  # "protocol differs" reason; None when comparable (or no cell)
+    facets: str | None = None  # its short form: what differs ("evaluation, round")
 
     @property
     def comparable(self) -> bool:
@@ -150,8 +151,8 @@ def match_row(cells: list[dict], papers: list[str], ref: RowLookup, metric: str)
             continue
         cell = find_cell(cells, paper, ref.dataset, ref.partitions, method, metric,
                          per_paper(ref.row, "paper_table", paper), per_paper(ref.row, "paper_setting", paper))
-        differs = None if cell is None else protocol_difference(ref.protocol, cell.get("protocol") or {})
-        out.append(Match(paper, cell, differs))
+        facets = [] if cell is None else protocol_facets(ref.protocol, cell.get("protocol") or {})
+        out.append(Match(paper, cell, "; ".join(t for _, t in facets) or None, ", ".join(f for f, _ in facets) or None))
     return out
 
 
@@ -202,10 +203,11 @@ def compare(cell: dict, match: Match | None) -> dict:
     protocol difference that withholds them."""
     if match is None or match.cell is None:
         return {"paper_mean": None, "paper_std": None, "paper_source": None, "delta": None, "p_value": None,
-                "protocol_differs": None, "protocol_inferred": False}
+                "protocol_differs": None, "protocol_differs_in": None, "protocol_inferred": False}
     if match.differs is not None:
         return {"paper_mean": None, "paper_std": None, "paper_source": match.source, "delta": None,
-                "p_value": None, "protocol_differs": match.differs, "protocol_inferred": False}
+                "p_value": None, "protocol_differs": match.differs, "protocol_differs_in": match.facets,
+                "protocol_inferred": False}
     paper = match.cell
     ours = cell["mean"]
     delta = None if ours is None else ours - paper["mean"]
@@ -213,5 +215,5 @@ def compare(cell: dict, match: Match | None) -> dict:
     if ours is not None and paper.get("std") is not None:
         p = welch_p(ours, cell["std"], len(cell["values"]), paper["mean"], paper["std"], PAPER_RUNS)
     return {"paper_mean": paper["mean"], "paper_std": paper.get("std"), "paper_source": match.source,
-            "delta": delta, "p_value": p, "protocol_differs": None,
+            "delta": delta, "p_value": p, "protocol_differs": None, "protocol_differs_in": None,
             "protocol_inferred": bool((paper.get("protocol") or {}).get("inferred"))}

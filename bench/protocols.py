@@ -142,25 +142,29 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str) -> 
     return RowProtocol(eval_protocol, rule, cfg.method.name)
 
 
-def protocol_difference(ours: RowProtocol, paper: dict[str, Any]) -> str | None:
-    """None when ``ours`` measures what ``paper`` (a cell's protocol) did; else what differs."""
+def protocol_facets(ours: RowProtocol, paper: dict[str, Any]) -> list[tuple[str, str]]:
+    """What differs between ``ours`` and ``paper`` (a cell's protocol), as (facet, explanation) pairs;
+    empty when the row measures what the paper did."""
     if not paper:
-        return "the paper's protocol is not recorded in results/paper"
+        return [("not recorded", "the paper's protocol is not recorded in results/paper")]
     why = []
     note = f" ({paper['note']})" if paper.get("note") else ""
     p_eval = paper.get("eval", UNKNOWN)
     if p_eval == UNKNOWN:
-        why.append(f"the paper does not state what it evaluates{note}")
+        why.append(("evaluation not stated", f"the paper does not state what it evaluates{note}"))
     elif p_eval != ours.eval:
-        why.append(f"evaluation (ours: {ours.eval}, paper: {p_eval})")
+        why.append(("evaluation", f"evaluation (ours: {ours.eval}, paper: {p_eval})"))
     p_round = paper.get("round", UNKNOWN)
-    if p_round == ANY:
-        pass
-    elif p_round == UNKNOWN:
-        why.append("the paper does not state its reporting round")
-    elif p_round != ours.round:
-        why.append(f"round (ours: {ours.round}, paper: {p_round})")
+    if p_round == UNKNOWN:
+        why.append(("round not stated", "the paper does not state its reporting round"))
+    elif p_round not in (ANY, ours.round):
+        why.append(("round", f"round (ours: {ours.round}, paper: {p_round})"))
     if "model" in paper and ours.method not in paper["model"]:
         what = paper.get("model_note") or ", ".join(paper["model"]) or "another model"
-        why.append(f"model (ours: {ours.method}, paper: {what})")
-    return "; ".join(why) or None
+        why.append(("model", f"model (ours: {ours.method}, paper: {what})"))
+    return why
+
+
+def protocol_difference(ours: RowProtocol, paper: dict[str, Any]) -> str | None:
+    """None when ``ours`` measures what ``paper`` (a cell's protocol) did; else what differs."""
+    return "; ".join(text for _, text in protocol_facets(ours, paper)) or None

@@ -75,17 +75,12 @@ def fmt(cell: dict) -> str:
     return text
 
 
-def short_difference(reason: str) -> str:
-    """'evaluation (ours: ..., paper: ...); round (...)' -> 'evaluation, round'."""
-    return ", ".join(part.split(" (")[0] for part in reason.split("; "))
-
-
 def fmt_paper(cmp: dict, footnote: int | None = None) -> list[str]:
     """The paper, delta and p-value columns of one cell (one paper); a protocol difference names
     what differs and points to its footnote."""
     if cmp["protocol_differs"] is not None:
         mark = f" [{footnote}]" if footnote is not None else ""
-        return [f"protocol differs: {short_difference(cmp['protocol_differs'])}{mark}", "—", "—"]
+        return [f"protocol differs: {cmp['protocol_differs_in']}{mark}", "—", "—"]
     if cmp["paper_mean"] is None:
         return ["n/a", "n/a", "n/a"]
     paper = f"{cmp['paper_mean']:.2f}" + (f" ± {cmp['paper_std']:.2f}" if cmp["paper_std"] is not None else "")

@@ -26,11 +26,12 @@ METHOD_ARGS = {
 PROTOCOL_ROWS = [("fedrep", "global"), ("fedrod", "global"), ("fedproto", "local_mean")]
 
 
-def run_name(method: str) -> str:
-    """The record name of a row (rows with method.args carry a hash of them)."""
+def run_name(method: str, protocol: str | None = None) -> str:
+    """The record name of a row (rows with method.args carry a hash of them, fed.protocol its name)."""
     cfg = RunConfig()
     cfg.data.name, cfg.partition.num_clients, cfg.partition.beta = "digits", 4, 0.5
     cfg.method.name, cfg.method.args = method, METHOD_ARGS.get(method, {})
+    cfg.fed.protocol = protocol
     return cfg.run_name()
 
 
@@ -85,7 +86,7 @@ def test_method_same_with_one_and_two_ranks(one_and_two_rank_runs, method):
 def test_protocol_override_same_metrics_with_one_and_two_ranks(one_and_two_rank_runs, method, protocol):
     import json
 
-    name = f"{run_name(method)}@{protocol}.json"
+    name = f"{run_name(method, protocol)}.json"
     one, two = (json.loads((one_and_two_rank_runs[d] / name).read_text()) for d in (1, 2))
     assert one["protocol"] == two["protocol"] == protocol
     for a, b in zip(one["history"], two["history"], strict=True):
