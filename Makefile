@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg test test-fast regression-update bench lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -40,6 +40,10 @@ table-facmic: install
 
 table-fstcbdg: install
 	$(BIN)/fedbench table --config configs/tables/fstcbdg_$(DATASET).yaml $(ARGS)
+
+# Which published cell of results/paper/*.json the table configs reproduce (ARGS="--json", "--paper fedbm", "--uncovered-only")
+coverage: install
+	$(BIN)/fedbench coverage $(ARGS)
 
 test: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -4,6 +4,7 @@
     fedbench run --print_config
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
+    fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
     fedbench bench
 """
 from __future__ import annotations
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.reporting.regression import main as regression_main
 
             return regression_main(rest)
+        if command == "coverage":
+            from bench.reporting.coverage import main as coverage_main
+
+            return coverage_main(rest)
         if command == "bench":
             from bench.reporting.perf import main as perf_main
 
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except FedbenchError as err:
         print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
-    print(f"fedbench: unknown command {command!r}; use run, table, regression or bench.", file=sys.stderr)
+    print(f"fedbench: unknown command {command!r}; use run, table, regression, coverage or bench.", file=sys.stderr)
     return 2
 
 

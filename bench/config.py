@@ -56,6 +56,11 @@ class FedConfig:
     weighting: Literal["samples", "uniform"] = "samples"
     client_test_fraction: float = 0.2  # per-client protocol: each client's own test split
     eval_every: int = 1
+    # what is evaluated (bench/reporting/protocols.py): None = the method's own protocol; "global"
+    # scores the global model (FedRep: averaged body + initial head; FedRoD: its generic head),
+    # "per_client" each client's model on its own test split, "local_mean" each client's model on
+    # the global test set
+    protocol: Literal["global", "per_client", "local_mean"] | None = None
 
 
 @dataclass
@@ -102,6 +107,8 @@ class RunConfig:
         if self.method.args:  # rows of one method with different options must not share a record
             digest = hashlib.sha1(json.dumps(self.method.args, sort_keys=True, default=str).encode()).hexdigest()
             method += f"-{digest[:8]}"
+        if self.fed.protocol:  # the same training scored another way is another record
+            method += f"@{self.fed.protocol}"
         return f"{method}_{self.data.name}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
-from bench.federation import ClientSplit, Federation
+from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.records import git_commit, record_path, summarise
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
@@ -107,8 +107,11 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
 
 
 def validate(cfg: RunConfig) -> None:
-    METHODS.get(cfg.method.name)
+    method = METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
+    if method.runs_centrally and cfg.fed.protocol not in (None, "global"):
+        raise FedbenchError(f"{cfg.method.name!r} trains one model on the pooled data: fed.protocol "
+                            f"{cfg.fed.protocol!r} does not apply (leave it unset).")
     if not 0.0 < cfg.fed.sample_ratio <= 1.0:
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {cfg.fed.sample_ratio}.")
     if cfg.partition.scheme.startswith("dirichlet") and cfg.partition.beta <= 0:
@@ -163,11 +166,11 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
             history = train_central(fabric, cfg, module, train, val, test, log=observer.log)
             protocol = "global"
         else:
-            clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", device)
+            protocol = eval_protocol(cfg, module)
+            clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device)
             fed = Federation(fabric, cfg, module, train, clients, val, test)
             fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
             history = fed.run()
-            protocol = module.protocol
     except BaseException:
         observer.finish(exit_code=1)
         raise

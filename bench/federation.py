@@ -25,6 +25,12 @@ class NonFiniteLossError(FedbenchError):
     pass
 
 
+def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
+    """What a run evaluates (bench/reporting/protocols.py): ``fed.protocol`` when set, else the
+    method's own."""
+    return cfg.fed.protocol or module.protocol
+
+
 def lr_for_round(cfg: RunConfig, round_idx: int) -> float:
     lr = cfg.method.lr * cfg.fed.lr_decay**round_idx
     return lr * cfg.fed.lr_gamma ** sum(round_idx >= m for m in cfg.fed.lr_milestones)
@@ -111,7 +117,7 @@ class Federation:
         self.personal = module.personal_keys()
         self.global_state = {k: self.model_state[k].clone() for k in self.shared}
         self.initial_personal = {k: self.model_state[k].clone() for k in self.personal}
-        self.protocol = module.protocol
+        self.protocol = eval_protocol(cfg, module)
         self.client_metrics: dict[int, dict[str, float]] = {}
         self.history: list[dict] = []
         self.start_round = 0
@@ -247,10 +253,12 @@ class Federation:
             means = rows.nanmean(0).tolist()
             return {**dict(zip(keys, means)), "clients_evaluated": float(len(self.client_metrics))}
         copy_into(self.model_state, self.global_state)
+        if self.personal:  # per-client parts at their initial values: the central model of FedETF's code
+            copy_into(self.model_state, self.initial_personal)
         out = {}
         for split, data in (("val", self.val), ("test", self.test)):
             if data is not None:
-                m = evaluate_sharded(self.module, data, self.fabric, self.num_classes)
+                m = evaluate_sharded(self.module, data, self.fabric, self.num_classes, logits_fn=self.module.global_logits)
                 out.update({f"{split}/{k}": v for k, v in m.items()})
         return out
 

@@ -64,7 +64,9 @@ class FederatedModule(L.LightningModule):
     Class attributes declare the federated shape:
       personal_prefixes  state kept per client, never aggregated (FedRep's head, Local's everything)
       frozen_prefixes    state identical everywhere and never trained or aggregated (LKCC's classifier)
-      protocol           'global' (global model on the global test set) or 'per_client'
+      protocol           default evaluation: 'global' (global model on the global test set),
+                         'per_client' (each client's model on its own split) or 'local_mean' (each
+                         client's model on the global test set); a run's ``fed.protocol`` overrides it
     """
 
     personal_prefixes: ClassVar[tuple[str, ...]] = ()
@@ -119,6 +121,11 @@ class FederatedModule(L.LightningModule):
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Scores used for evaluation (methods with a training-only logit adjustment override)."""
         return self(x)
+
+    def global_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores of the global model under the global protocol (the orchestrator has loaded the
+        aggregated state and the initial per-client parts); FedRoD scores its generic head only."""
+        return self.eval_logits(x)
 
     # ---- local objective -----------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -27,7 +27,13 @@ rounds from round 5, g_batch 16, lambda_div 1, lambda_dis 0.1); Kvasir uses g_ba
 lambda_dis 1 (beta 0.05) / 0.1 (beta 0.1). ``gen_base_channels`` defaults to the reference 128
 for images >= 64 px and 64 below (a cheaper generator for 28-32 px data). ``classifier``:
 distribution (default) or embedding_average (then L_sem is its plain CE); random_frozen has no
-concept distribution to condition on and is rejected.
+concept distribution to condition on and is rejected; ``learned`` is FedBM Table VI's "w/o LKCC":
+the classifier is an ordinary trainable linear layer on the pooled feature (trained with CE and
+aggregated, as FedAvg's), the generator is still conditioned on the concept distributions
+(z ~ N(mu_y, cov_y)) and L_sem is the CE of the global model's (learned, biased) classifier on
+the synthetic images; the local loss is the CE over real + synthetic samples. The paper says only
+that this ablation removes LKCC and that the global model then has a biased classifier (Sec. IV-D);
+the public code has no such switch.
 """
 from __future__ import annotations
 
@@ -64,6 +70,7 @@ class CGDEServer:
 
 @METHODS.register("fedbm")
 class FedBM(FedCB):
+    takes_learned_classifier = True
     def __init__(self, *args, g_batch: int = 16, gen_start: int = 5, gen_every: int = 5, gen_steps: int = 100,
                  gen_batch: int = 64, gen_lr: float = 3e-4, gen_base_channels: int | None = None,
                  lambda_div: float = 1.0, lambda_dis: float = 0.1, use_sem: bool = True, use_div: bool = True,
@@ -104,7 +111,7 @@ class FedBM(FedCB):
         base = self.gen_base_channels or (128 if height >= 64 else 64)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.server_seed, -1, -1, SERVER))
-            generator = ConceptGenerator(self.head.mu.shape[1], channels, height, base)
+            generator = ConceptGenerator(self.distribution.dim, channels, height, base)
         device = train.images.device
         self.cgde = CGDEServer(generator.to(device), train.mean.to(device), train.std.to(device))
         return train, val, test
@@ -118,9 +125,11 @@ class FedBM(FedCB):
         """The classifier's mu / sigma_diag (for L_sem) with the text covariance (for z), on the
         classifier's device (moved once, not per batch)."""
         d = self.distribution
-        device = self.head.mu.device
+        device = next(self.head.parameters()).device
         if d.chol.device != device:
             self.distribution = d = d.to(device)
+        if self.classifier == "learned":  # no LKCC classifier: the text distributions themselves
+            return d
         return ConceptDistribution(self.head.mu, self.head.sigma_diag, d.cov, d.chol)
 
     def is_generator_round(self, round_idx: int) -> bool:
@@ -140,7 +149,8 @@ class FedBM(FedCB):
                 steps=self.gen_steps, batch_size=self.gen_batch, lr=self.gen_lr, tau=self.tau,
                 lambda_div=self.lambda_div, lambda_dis=self.lambda_dis, normalise=self.cgde.normalise,
                 seed=derive_seed(self.server_seed, round_idx, -1, SERVER), use_sem=self.use_sem,
-                use_div=self.use_div, use_dis=self.use_dis, noise_only=self.noise_only)
+                use_div=self.use_div, use_dis=self.use_dis, noise_only=self.noise_only,
+                sem_loss=self.head.loss if self.classifier == "learned" else None)
 
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
         if not self.is_generator_round(round_idx):

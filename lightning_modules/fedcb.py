@@ -16,6 +16,9 @@ Only the backbone and the projection train and are aggregated (the buffers ``hea
   embedding_average  Eq. 1 with averaged embeddings: logits tau h.mu_k, plain CE (Sigma = 0);
   random_frozen      FedAvg with a fixed random frozen classifier: rows N(0, I) from ``random_seed``,
                      L2-normalised, logits tau h.W_k, plain CE (no text encoder is run).
+  learned            no LKCC: FedAvg's trainable linear classifier on the backbone's pooled feature
+                     (trained with CE and aggregated); only FedBM takes it, as its "w/o LKCC"
+                     ablation (Table VI), where the concept distributions still condition CGDE.
 tau: the public code uses 17.5 / 12.5 (OCT-C8, beta 0.05 / 0.1) and 12.5 / 7.5 (Kvasir); the
 default 12.5 is the value shared by both datasets (configs set the per-setting value). With the
 offline MiniLM encoder, whose class means are closer together than BiomedCLIP's, a larger tau
@@ -46,7 +49,7 @@ from lightning_modules.components.lkcc import (
 from lightning_modules.components.prompts import prompts
 from lightning_modules.components.text_encoders import ENCODERS, class_prompt_embeddings
 
-CLASSIFIERS = ("distribution", "embedding_average", "random_frozen")
+CLASSIFIERS = ("distribution", "embedding_average", "random_frozen", "learned")
 DEFAULT_TEXT_CACHE = str(Path(DEFAULT_CACHE_DIR) / "features")
 
 
@@ -80,6 +83,27 @@ class LKCCHead(nn.Module):
         return self.logits(self.embed(f))
 
 
+class LearnedHead(nn.Module):
+    """No LKCC (FedBM's "w/o LKCC"): a trainable Linear(feature -> classes), trained with CE and
+    aggregated like FedAvg's; ``embed`` is the identity on the pooled feature."""
+
+    def __init__(self, in_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_dim, num_classes)
+
+    def embed(self, f: torch.Tensor) -> torch.Tensor:
+        return f
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc(h)
+
+    def loss(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.fc(h), y)
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return self.fc(f)
+
+
 def concept_distribution(dataset_name: str | None, class_names: list[str] | None, text_encoder: str,
                          prompt_fraction: float, cache_dir: str) -> ConceptDistribution:
     """The class concept distributions of ``dataset_name``'s prompt set through ``text_encoder``.
@@ -99,14 +123,16 @@ class FedCB(FederatedModule):
     """LKCC: a frozen language-knowledge classifier; backbone + projection trained and averaged."""
 
     frozen_prefixes = ("head.mu", "head.sigma_diag")
+    takes_learned_classifier = False  # FedBM's "w/o LKCC" only: FedCB with it would be FedAvg
 
     def __init__(self, *args, classifier: str = "distribution", text_encoder: str = "minilm", tau: float = 12.5,
                  prompt_fraction: float = 1.0, random_seed: int = 0, text_cache_dir: str | None = None,
                  **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if classifier not in CLASSIFIERS:
+        allowed = [c for c in CLASSIFIERS if c != "learned" or self.takes_learned_classifier]
+        if classifier not in allowed:
             raise FedbenchError(f"Unknown classifier {classifier!r} for {type(self).__name__}; "
-                                f"choose one of {', '.join(CLASSIFIERS)}.")
+                                f"choose one of {', '.join(allowed)}.")
         if text_encoder not in ENCODERS:
             raise FedbenchError(f"Unknown text encoder {text_encoder!r}. Known: {', '.join(sorted(ENCODERS))}.")
         if tau <= 0:
@@ -124,7 +150,10 @@ class FedCB(FederatedModule):
                 raise FedbenchError(f"{self.distribution.num_classes} concepts for {self.num_classes} classes.")
             mu = self.distribution.mu
             sigma = self.distribution.sigma_diag if classifier == "distribution" else torch.zeros_like(mu)
-        self.head = LKCCHead(self.feature_dim, mu, sigma, self.tau, use_variance=classifier == "distribution")
+        if classifier == "learned":
+            self.head = LearnedHead(self.feature_dim, self.num_classes)
+        else:
+            self.head = LKCCHead(self.feature_dim, mu, sigma, self.tau, use_variance=classifier == "distribution")
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """h: the L2-normalised projected feature of images ``x``."""

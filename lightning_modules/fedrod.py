@@ -63,3 +63,8 @@ class FedRoD(PerClientProtocol, FederatedModule):
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         f = self.features(x)
         return self.head(f) + self.p_head(f)
+
+    def global_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The global protocol (``fed.protocol: global``) scores the generic head alone, as FedETF's
+        code tests FedRoD on the server test set (the route of FedBM's comparison)."""
+        return self.head(self.features(x))

@@ -22,13 +22,16 @@ METHOD_NAMES = METHODS.names()  # central rows train on rank 0 and broadcast (be
 METHOD_ARGS = {
     "fedbm": {"gen_start": 1, "gen_every": 1, "gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 4},
 }
+# methods scored another way (fed.protocol): the global model with per-client parts, client models
+PROTOCOL_ROWS = [("fedrep", "global"), ("fedrod", "global"), ("fedproto", "local_mean")]
 
 
-def run_name(method: str) -> str:
-    """The record name of a row (rows with method.args carry a hash of them)."""
+def run_name(method: str, protocol: str | None = None) -> str:
+    """The record name of a row (rows with method.args carry a hash of them, fed.protocol its name)."""
     cfg = RunConfig()
     cfg.data.name, cfg.partition.num_clients, cfg.partition.beta = "digits", 4, 0.5
     cfg.method.name, cfg.method.args = method, METHOD_ARGS.get(method, {})
+    cfg.fed.protocol = protocol
     return cfg.run_name()
 
 
@@ -43,7 +46,8 @@ def table_spec() -> dict:
             "save_final_state": True, "threads": 1,
         },
         "betas": [0.5], "seeds": [0],
-        "rows": [{"label": m, "method": {"name": m, "args": METHOD_ARGS.get(m, {})}} for m in METHOD_NAMES],
+        "rows": [{"label": m, "method": {"name": m, "args": METHOD_ARGS.get(m, {})}} for m in METHOD_NAMES]
+        + [{"label": f"{m}@{p}", "method": {"name": m}, "fed": {"protocol": p}} for m, p in PROTOCOL_ROWS],
     }
 
 
@@ -75,3 +79,17 @@ def test_method_same_with_one_and_two_ranks(one_and_two_rank_runs, method):
     two = torch.load(one_and_two_rank_runs[2] / name)
     diff = max_state_diff(one, two)
     assert diff <= 1e-6, f"{method}: 1 vs 2 ranks differ by {diff}"
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("method, protocol", PROTOCOL_ROWS)
+def test_protocol_override_same_metrics_with_one_and_two_ranks(one_and_two_rank_runs, method, protocol):
+    import json
+
+    name = f"{run_name(method, protocol)}.json"
+    one, two = (json.loads((one_and_two_rank_runs[d] / name).read_text()) for d in (1, 2))
+    assert one["protocol"] == two["protocol"] == protocol
+    for a, b in zip(one["history"], two["history"], strict=True):
+        assert a["metrics"].keys() == b["metrics"].keys()
+        for k, v in a["metrics"].items():
+            assert abs(v - b["metrics"][k]) <= 1e-6, (method, protocol, a["round"], k, v, b["metrics"][k])

@@ -27,14 +27,14 @@ def write(tmp_path, spec: dict) -> str:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'betas', 'dataset', 'devices',"),
+        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'betas', 'columns', 'dataset',"),
         ({"base": {"fedd": {"rounds": 2}}}, "base has unknown key(s) ['fedd']; allowed: ['accelerator', "),
         ({"base": {"fed": {"roundz": 2}}},
          "base has unknown key(s) ['roundz'] in fed; allowed: ['batch_size', "),
         ({"rows": [{"label": "A", "method": {"nmae": "fedavg"}}]},
          "row 'A' has unknown key(s) ['nmae'] in method; allowed: ['args', 'backbone', "),
         ({"rows": [{"label": "A", "seed": 3}]},
-         "row 'A' has unknown key(s) ['seed']; allowed: ['betas', 'data', "),
+         "row 'A' has unknown key(s) ['seed']; allowed: ['betas', 'columns', 'data', "),
     ],
     ids=["table-key", "base-group", "base-group-key", "row-group-key", "row-key"],
 )

@@ -17,7 +17,7 @@ from bench.reporting.tables import render_table
 
 SPEC = {
     "table": "table2", "dataset": "kvasir", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1, 2],
-    "metrics": ["accuracy", "f1"],
+    "metrics": ["accuracy", "f1"], "round_rule": "best-val-sum5",
     "base": {"data": {"name": "kvasir"}, "partition": {"num_clients": 4}, "fed": {"rounds": 3}},
     "rows": [
         {"label": "Central", "method": {"name": "central"}, "partition_independent": True,
@@ -32,7 +32,10 @@ FEDAVG = {(0.05, 0): 55.0, (0.05, 1): 58.0, (0.05, 2): 61.0, (0.1, 0): 66.0, (0.
 
 
 def fake_record(run, acc: float, protocol: str = "global") -> dict:
-    history = [{"round": r, "metrics": {"test/accuracy": acc * (r + 1) / 3, "val/accuracy": acc * (r + 1) / 3}}
+    """Three rounds improving on every metric: every round rule picks the last, where test accuracy
+    is ``acc`` and test F1 ``acc - 10``."""
+    history = [{"round": r, "metrics": {"test/accuracy": acc * (r + 1) / 3, "test/f1": acc - 10 - (2 - r),
+                                        **{f"val/{m}": acc * (r + 1) / 3 for m in ("accuracy", "precision", "f1", "auc")}}}
                for r in range(3)]
     return {"run_name": run.cfg.run_name(), "config": run.cfg.to_dict(), "code_version": code_version(),
             "protocol": protocol, "dataset": "kvasir", "backbone": "resnet18 (from scratch)",
@@ -99,8 +102,10 @@ def test_paper_delta_and_welch(rendered):
     # two seeds only: no p-value, but the paper and delta are shown
     b = cells[("FedAvg", 0.1, "accuracy")]
     assert b["paper_mean"] == 67.02 and b["p_value"] is None
-    # the paper's name for the row (FedREP), and the central row under both betas
-    assert cells[("FedRep (per-client)", 0.1, "f1")]["paper_source"] == "fedbm Table II"
+    # the paper's FedREP cell is found, but FedBM scored the global model: no number, no delta, no p
+    rep = cells[("FedRep (per-client)", 0.1, "f1")]
+    assert rep["paper_source"] == "fedbm Table II" and rep["paper_mean"] is None and rep["delta"] is None
+    assert rep["protocol_differs"] == "evaluation (ours: per_client, paper: global); round (ours: final, paper: best-val-sum5)"
     assert cells[("Central", 0.1, "accuracy")]["paper_mean"] is not None
     assert cells[("Ours only", 0.05, "accuracy")]["paper_mean"] is None  # FedBM has no such row name
     md = Path(paths["md"]).read_text()
@@ -135,7 +140,10 @@ def test_csv_agrees_with_json_and_protocol_is_stated(rendered):
         assert int(row["n_seeds"]) == len(cell["values"])
     md = Path(paths["md"]).read_text()
     assert "Per-client rows (FedRep (per-client))" in md and "final round" in md
-    assert "best-validation round" in md
+    assert "val accuracy + micro recall + macro precision + macro F1 + AUC (FedBM's main.py)" in md
+    assert "| protocol differs: evaluation, round [1] | — | — |" in md
+    assert ("[1] FedRep (per-client) vs fedbm Table II: evaluation (ours: per_client, paper: global); "
+            "round (ours: final, paper: best-val-sum5).") in md
 
 
 def test_figures_written(rendered):

@@ -1,21 +1,45 @@
-"""Ours vs the paper for one table cell: the published number, the difference, a Welch t-test.
+"""Ours vs the papers for every cell of a table config: which published cell it is compared with,
+whether it was measured the same way, the difference and a Welch t-test.
 
-A table config names its paper(s) (``paper: fedbm`` or a list) and each row its method as printed
-in the paper (``paper_method``, default: the row label). A cell is looked up in the papers'
-comparison tables (results/paper/*.json) by dataset, partition ``dirichlet-<beta>`` and metric;
-ablation tables are used only when no comparison table has the cell, or when the row names its
-``paper_table`` / ``paper_setting``. Papers report mean ± std
-over 3 runs (FedBM, FedCB, FedNPR; ``PAPER_RUNS`` when a transcription says otherwise).
+This is the one lookup both the table renderer (bench/reporting/tables.py) and ``fedbench coverage``
+(bench/reporting/coverage.py) use, so coverage is exactly what the tables print.
+
+A table config names its paper(s) (``paper: fedbm`` or a list); each row names its method as the
+paper prints it (``paper_method``, default: the row label; matched case-insensitively, so FedBM's
+"FedDyn" and FedCB's "FedDYN" are one name). ``paper_method`` / ``paper_table`` / ``paper_setting``
+are a string for every paper, or a mapping ``{paper: value}``; ``paper_method: {fedcb: null}``
+compares the row with no FedCB cell. A cell is looked up by the papers' dataset key (the row's
+``paper_dataset``, else the table's, else the row's ``data.name`` mapped by ``PAPER_DATASETS``), the
+column's partition (bench/reporting/columns.py; partition-independent rows fall back to the papers' ``none``,
+or use their own one-client (``none``), iid, shards or natural partition), the method and the metric; comparison tables
+first, then ablations, unless the row names a table or a setting.
+
+A found cell is compared only when the row's protocol (bench/reporting/protocols.py) is the paper's;
+otherwise it says ``protocol differs: <what>`` and has no difference and no p-value. Papers report
+mean ± std over 3 runs (FedBM, FedCB, FedNPR; ``PAPER_RUNS``); single runs (FACMIC, FST-CBDG) have
+no std, hence no p-value.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from scipy import stats
 
+from bench.core.errors import FedbenchError
+from bench.reporting.columns import Column
 from bench.reporting.paper_numbers import load_paper_numbers
+from bench.reporting.protocols import RowProtocol, protocol_facets, row_protocol
 
 PAPER_RUNS = 3
+PAPER_NAMES = {"fedbm": "FedBM", "fedcb": "FedCB", "fednpr": "FedNPR", "facmic": "FACMIC", "fstcbdg": "FST-CBDG"}
+# our data.name -> the papers' dataset key, where they differ
+PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc"}
+# our metric -> the papers' names for it: FedNPR's bAUC is the mean one-vs-rest AUC over the classes
+# present in the test split, which is how bench/metrics.py computes auc
+PAPER_METRICS = {"auc": ("auc", "balanced_auc")}
+REF_KEYS = ("paper_method", "paper_table", "paper_setting")
 
 
 def paper_names(spec: dict) -> list[str]:
@@ -23,21 +47,146 @@ def paper_names(spec: dict) -> list[str]:
     return [papers] if isinstance(papers, str) else list(papers)
 
 
-def load_cells(spec: dict) -> list[dict]:
-    return [c for p in paper_names(spec) for c in load_paper_numbers(p)]
+def load_cells(spec: dict, root: str = "results/paper") -> list[dict]:
+    return [c for p in paper_names(spec) for c in load_paper_numbers(p, root)]
 
 
-def paper_cell(cells: list[dict], dataset: str, beta: float, method: str, metric: str,
-               table: str | None = None, setting: str | None = None) -> dict | None:
-    """The published cell, comparison tables first; None when the papers have none. ``table`` and
-    ``setting`` (a row's ``paper_table`` / ``paper_setting``, e.g. "lambda_div=0.1") narrow the
-    search to one table or one ablation setting."""
-    partition = f"dirichlet-{beta:g}"
-    hits = [c for c in cells if c["dataset"] == dataset and c["partition"] == partition
-            and c["method"] == method and c["metric"] == metric and c.get("mean") is not None
-            and (table is None or c["table"] == str(table)) and (setting is None or c.get("setting") == setting)]
-    hits.sort(key=lambda c: (c.get("table_kind") != "comparison", c.get("setting") is not None))
-    return hits[0] if hits else None
+def per_paper(row: dict, key: str, paper: str, default: Any = None) -> Any:
+    """A row's ``paper_method`` / ``paper_table`` / ``paper_setting`` for one paper."""
+    value = row.get(key, default)
+    if isinstance(value, dict):  # a mapping lists the papers the row is compared with
+        return value.get(paper, None if key == "paper_method" else default)
+    return value
+
+
+def check_row_refs(spec: dict, row: dict, where: str) -> None:
+    """Mappings in a row's paper keys must name the table's papers."""
+    papers = set(paper_names(spec))
+    for key in REF_KEYS:
+        value = row.get(key)
+        if isinstance(value, dict) and not set(value) <= papers:
+            raise FedbenchError(f"{where}: {key} names paper(s) {sorted(set(value) - papers)} that the table "
+                                f"does not compare with (paper: {sorted(papers)}).")
+
+
+def own_partition_key(partition: dict[str, Any]) -> str | None:
+    """The papers' partition key of a row's own partition: ``none`` for one client (centralised),
+    else its iid / shards / natural setting (None for none of these)."""
+    if partition.get("num_clients") == 1:
+        return "none"
+    scheme = partition.get("scheme")
+    if scheme == "shards":
+        return f"shards-{partition.get('shards_per_client', 2)}"
+    return scheme if scheme in ("iid", "natural") else None
+
+
+@dataclass
+class RowLookup:
+    """What one table row (in one column) looks up in the papers, and how it is measured."""
+
+    label: str
+    row: dict
+    dataset: str
+    protocol: RowProtocol
+    partitions: list[str]  # papers' partition keys to try, in order
+
+
+def row_lookup(spec: dict, run, column: Column) -> RowLookup:
+    """The lookup of ``run``'s row in ``column`` (``run`` is the row's PlannedRun in that column)."""
+    row = run.row
+    where = f"Table {spec['table']}_{spec['dataset']}, row {row['label']!r}"
+    check_row_refs(spec, row, where)
+    dataset = row.get("paper_dataset") or spec.get("paper_dataset") or PAPER_DATASETS.get(
+        run.cfg.data.name, run.cfg.data.name)
+    own = own_partition_key(row.get("partition") or {}) if row.get("partition_independent") else None
+    if own is not None:
+        partitions = [own]
+    elif row.get("partition_independent"):
+        partitions = [column.paper_partition, "none"]
+    else:
+        partitions = [column.paper_partition]
+    return RowLookup(row["label"], row, dataset, row_protocol(run.cfg, row, spec, where), partitions)
+
+
+def find_cell(cells: list[dict], paper: str, dataset: str, partitions: list[str], method: str, metric: str,
+              table: str | None = None, setting: str | None = None) -> dict | None:
+    """The published cell of ``paper``: first partition that has one, comparison tables first."""
+    name = method.casefold()
+    for partition in partitions:
+        metrics = PAPER_METRICS.get(metric, (metric,))
+        hits = [c for c in cells if c["paper"] == paper and c["dataset"] == dataset and c["partition"] == partition
+                and c["method"].casefold() == name and c["metric"] in metrics and c.get("mean") is not None
+                and (table is None or c["table"] == str(table)) and (setting is None or c.get("setting") == setting)]
+        if hits:
+            hits.sort(key=lambda c: (c.get("table_kind") != "comparison", c.get("setting") is not None))
+            return hits[0]
+    return None
+
+
+@dataclass
+class Match:
+    """One paper's side of one table cell: its published cell (or None) and whether it is comparable."""
+
+    paper: str
+    cell: dict | None
+    differs: str | None = None  # "protocol differs" reason; None when comparable (or no cell)
+    facets: str | None = None  # its short form: what differs ("evaluation, round")
+
+    @property
+    def comparable(self) -> bool:
+        return self.cell is not None and self.differs is None
+
+    @property
+    def source(self) -> str | None:
+        return None if self.cell is None else f"{self.paper} Table {self.cell['table']}"
+
+
+def match_row(cells: list[dict], papers: list[str], ref: RowLookup, metric: str) -> list[Match]:
+    """One Match per paper for a row's cell in one column and metric."""
+    out = []
+    for paper in papers:
+        method = per_paper(ref.row, "paper_method", paper, ref.label)
+        if method is None:
+            out.append(Match(paper, None))
+            continue
+        cell = find_cell(cells, paper, ref.dataset, ref.partitions, method, metric,
+                         per_paper(ref.row, "paper_table", paper), per_paper(ref.row, "paper_setting", paper))
+        facets = [] if cell is None else protocol_facets(ref.protocol, cell.get("protocol") or {})
+        out.append(Match(paper, cell, "; ".join(t for _, t in facets) or None, ", ".join(f for f, _ in facets) or None))
+    return out
+
+
+def table_lookups(spec: dict, runs: list, columns: list[Column]) -> dict[tuple[str, str], RowLookup]:
+    """(row label, column id) -> what that table cell looks up, for every cell the table prints."""
+    out: dict[tuple[str, str], RowLookup] = {}
+    for label in dict.fromkeys(r.label for r in runs):
+        mine = [r for r in runs if r.label == label]
+        for column in columns:
+            run = mine[0] if column.derived else next((r for r in mine if column.id in r.columns), None)
+            if run is not None:
+                out[(label, column.id)] = row_lookup(spec, run, column)
+    return out
+
+
+def match_table(spec: dict, runs: list, columns: list[Column], cells: list[dict] | None = None
+                ) -> dict[tuple[str, str, str], list[Match]]:
+    """(row label, column id, metric) -> one Match per paper of the table, for every cell it prints."""
+    cells = load_cells(spec) if cells is None else cells
+    papers = paper_names(spec)
+    out: dict[tuple[str, str, str], list[Match]] = {}
+    for (label, col_id), ref in table_lookups(spec, runs, columns).items():
+        for metric in spec.get("metrics", ["accuracy", "f1"]):
+            out[(label, col_id, metric)] = match_row(cells, papers, ref, metric)
+    return out
+
+
+def row_protocols(spec: dict, runs: list) -> dict[str, RowProtocol]:
+    """label -> the protocol of the row (its first run)."""
+    out = {}
+    for r in runs:
+        if r.label not in out:
+            out[r.label] = row_protocol(r.cfg, r.row, spec, f"Table {spec['table']}_{spec['dataset']}, row {r.label!r}")
+    return out
 
 
 def welch_p(mean1: float, std1: float, n1: int, mean2: float, std2: float, n2: int) -> float | None:
@@ -49,14 +198,22 @@ def welch_p(mean1: float, std1: float, n1: int, mean2: float, std2: float, n2: i
     return float(p) if math.isfinite(p) else None
 
 
-def compare(cell: dict, paper: dict | None) -> dict:
-    """paper mean/std/source, delta = ours - paper, Welch p (None where not computable)."""
-    if paper is None:
-        return {"paper_mean": None, "paper_std": None, "paper_source": None, "delta": None, "p_value": None}
+def compare(cell: dict, match: Match | None) -> dict:
+    """Paper mean/std/source, delta = ours - paper, Welch p (None where not computable), and the
+    protocol difference that withholds them."""
+    if match is None or match.cell is None:
+        return {"paper_mean": None, "paper_std": None, "paper_source": None, "delta": None, "p_value": None,
+                "protocol_differs": None, "protocol_differs_in": None, "protocol_inferred": False}
+    if match.differs is not None:
+        return {"paper_mean": None, "paper_std": None, "paper_source": match.source, "delta": None,
+                "p_value": None, "protocol_differs": match.differs, "protocol_differs_in": match.facets,
+                "protocol_inferred": False}
+    paper = match.cell
     ours = cell["mean"]
     delta = None if ours is None else ours - paper["mean"]
     p = None
     if ours is not None and paper.get("std") is not None:
         p = welch_p(ours, cell["std"], len(cell["values"]), paper["mean"], paper["std"], PAPER_RUNS)
-    return {"paper_mean": paper["mean"], "paper_std": paper.get("std"),
-            "paper_source": f"{paper['paper']} Table {paper['table']}", "delta": delta, "p_value": p}
+    return {"paper_mean": paper["mean"], "paper_std": paper.get("std"), "paper_source": match.source,
+            "delta": delta, "p_value": p, "protocol_differs": None, "protocol_differs_in": None,
+            "protocol_inferred": bool((paper.get("protocol") or {}).get("inferred"))}

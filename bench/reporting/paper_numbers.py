@@ -29,7 +29,7 @@ def _resolve_root(root: str | Path) -> Path:
 
 
 def load_paper_numbers(paper: str | None = None, root: str = "results/paper") -> list[dict]:
-    """Flat list of cell dicts, each with ``paper``, ``table`` (table id), ``table_kind`` added.
+    """Flat list of cell dicts, each with ``paper``, ``table`` (table id), ``table_kind``, ``protocol`` added.
 
     ``paper=None`` loads every ``*.json`` under ``root`` (sorted by file name).
     """
@@ -47,8 +47,18 @@ def load_paper_numbers(paper: str | None = None, root: str = "results/paper") ->
         for table in doc["tables"]:
             for c in table["cells"]:
                 cells.append({"paper": doc["paper"], "table": str(table["id"]),
-                              "table_kind": table.get("kind"), **c})
+                              "table_kind": table.get("kind"), "protocol": paper_protocol_of(table, c["method"]),
+                              **c})
     return cells
+
+
+def paper_protocol_of(table: dict, method: str) -> dict:
+    """How a paper table measured ``method`` (see bench/reporting/protocols.py): the table's
+    ``protocol``, updated by its ``method_protocols[method]`` exception; {} when the transcription
+    has none."""
+    proto = dict(table.get("protocol") or {})
+    proto.update((table.get("method_protocols") or {}).get(method) or {})
+    return proto
 
 
 def lookup(cells: list[dict], *, paper: str | None = None, table: str | None = None,

@@ -30,23 +30,23 @@ def curve_of(record: dict, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) -> dict[str, str]:
-    """One panel per beta: the mean over seeds of the test metric per round, one line per row.
-    Returns {"curves": path} or {} when no record has a curve."""
+def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, columns: list) -> dict[str, str]:
+    """One panel per run column (bench/reporting/columns.py): the mean over seeds of the test metric
+    per round, one line per row. Returns {"curves": path} or {} when no record has a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     metric = spec.get("metrics", ["accuracy"])[0]
     key = f"test/{metric}"
-    betas = spec["betas"]
-    fig = Figure(figsize=(5.5 * len(betas), 4.2))
+    columns = [c for c in columns if not c.derived]
+    fig = Figure(figsize=(5.5 * len(columns), 4.2))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(betas), squeeze=False)[0]
+    axes = fig.subplots(1, len(columns), squeeze=False)[0]
     drawn = False
-    for ax, beta in zip(axes, betas):
+    for ax, column in zip(axes, columns):
         for i, label in enumerate(dict.fromkeys(r.label for r in runs)):
             curves = [curve_of(records[id(r)], key) for r in runs
-                      if r.label == label and beta in r.columns and id(r) in records]
+                      if r.label == label and column.id in r.columns and id(r) in records]
             curves = [c for c in curves if c[0]]
             if not curves:
                 continue
@@ -56,7 +56,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) ->
                     linestyle=LINESTYLES[i // 10 % len(LINESTYLES)],  # the default palette has 10 colours
                     label=f"{label} (n={len(curves)})")
             drawn = True
-        ax.set_title(f"β = {beta:g}")
+        ax.set_title(column.label.replace("=", " = "))
         ax.set_xlabel("round")
         ax.set_ylabel(f"test {metric} (%)")
         ax.grid(alpha=0.3)
@@ -69,20 +69,21 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path) ->
     return {"curves": str(path)}
 
 
-def plot_partitions(spec: dict, runs: list, records: dict[int, dict], out_dir: Path, name: str) -> dict[str, str]:
-    """The client-by-class heatmap of the first seed's partition for each beta (rows that depend on
-    the partition only)."""
+def plot_partitions(spec: dict, runs: list, records: dict[int, dict], out_dir: Path, name: str,
+                    columns: list) -> dict[str, str]:
+    """The client-by-class heatmap of the first seed's partition for each run column (rows that
+    depend on the partition only)."""
     out = {}
-    for beta in spec["betas"]:
-        candidates = sorted((r for r in runs if r.beta == beta and r.columns == [beta] and id(r) in records),
+    for column in (c for c in columns if not c.derived):
+        candidates = sorted((r for r in runs if r.columns == [column.id] and id(r) in records),
                             key=lambda r: r.seed)
         rec = next((records[id(r)] for r in candidates if records[id(r)].get("partition", {}).get("counts")), None)
         if rec is None:
             continue
-        path = out_dir / f"{name}_partition_beta{beta:g}.png"
+        path = out_dir / f"{name}_partition_{column.file_tag}.png"
         part = rec["config"]["partition"]
         plot_partition(np.array(rec["partition"]["counts"]), path, rec.get("class_names"),
-                       title=f"{rec['dataset']}: {part['num_clients']} clients, {part['scheme']} β={beta:g}, "
+                       title=f"{rec['dataset']}: {part['num_clients']} clients, {part['scheme']} {column.label}, "
                              f"seed {rec['config']['seed']}")
-        out[f"partition β={beta:g}"] = str(path)
+        out[f"partition {column.label}"] = str(path)
     return out

@@ -23,7 +23,7 @@ from bench.config import RunConfig, execution_keys, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.records import git_commit
-from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config
+from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config, with_defaults
 
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"
@@ -89,7 +89,7 @@ def load_reference(name: str, reference_dir: str = DEFAULT_REFERENCES) -> dict[s
 def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict[str, float]) -> list[str]:
     """Failures (empty when the run matches its reference): a stale config or a metric off by more
     than its absolute tolerance (a metric present on one side only also fails)."""
-    if canonical(measured["config"]) != canonical(reference.get("config")):
+    if canonical(measured["config"]) != canonical(with_defaults(reference.get("config"))):
         return ["the entry's config differs from the reference's (stale reference: rerun with --update)"]
     failures = []
     for key, tol in tolerance.items():

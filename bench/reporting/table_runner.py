@@ -1,18 +1,23 @@
-"""`fedbench table`: expand a table config into runs (method x beta x seed), run the missing ones,
+"""`fedbench table`: expand a table config into runs (method x column x seed), run the missing ones,
 then render the table from the run records only.
 
 A table config (configs/tables/*.yaml) holds ``base`` (RunConfig overrides shared by every run),
-``betas``, ``seeds``, ``metrics`` and ``rows`` (label + overrides; ``partition_independent: true``
-for rows such as Central that do not depend on the partition: run once per seed, shown in every
-beta column; ``betas: [...]`` for rows whose options differ per beta: the row runs in those
-beta columns only, and rows sharing a label fill one table row).
+``columns`` (partition settings, bench/reporting/columns.py; ``betas: [...]`` is sugar for
+Dirichlet columns), ``seeds``, ``metrics``, ``round_rule`` (how global-model rows pick their round,
+bench/reporting/protocols.py) and ``rows`` (label + overrides; ``partition_independent: true`` for
+rows such as Central that do not depend on the partition: run once per seed, shown in every column;
+``columns`` / ``betas`` for rows whose options differ per column: the row runs in those columns
+only, and rows sharing a label fill one table row). A run's partition is the base one, then the column's settings, then the row's
+own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
+row can reproduce are left out (reported by ``fedbench coverage``). Identical runs of different
+rows (one FedBM run shown under several ablation tables) run once and share their record.
 """
 from __future__ import annotations
 
 import argparse
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +27,25 @@ from bench.code_version import code_version
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError
 from bench.records import load_record, record_path
-from bench.reporting.spec import canonical, check_overrides, load_spec, run_config
+from bench.reporting.columns import columns_from, table_columns
+from bench.reporting.spec import canonical, check_overrides, deep_merge, load_spec, run_config, with_defaults
 
-TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes",
-              "wandb"}
+TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
+              "notes", "wandb", "round_rule", "paper_dataset", "uncovered"}
 # a row's own keys; its other keys override RunConfig's option groups
-ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "paper_table", "paper_setting"}
+ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
+                "paper_setting", "paper_dataset", "round_rule"}
+UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", "setting", "reason"}
 
 
 @dataclass
 class PlannedRun:
     label: str
-    beta: float
+    beta: float | None  # the Dirichlet concentration of its column, when it has one
     seed: int
     cfg: RunConfig
-    columns: list[float]  # beta columns this run fills
+    columns: list[str]  # ids of the columns this run fills
+    row: dict = field(default_factory=dict)  # the row of the table config it comes from
 
 
 def load_table_config(path: str) -> dict[str, Any]:
@@ -45,33 +54,76 @@ def load_table_config(path: str) -> dict[str, Any]:
     spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
     for row in spec.get("rows", []):
         check_overrides(row, f"{path}: row {row.get('label')!r}", ROW_OWN_KEYS | set(OPTION_GROUPS))
+    for entry in spec.get("uncovered") or []:
+        bad = set(entry) - UNCOVERED_KEYS if isinstance(entry, dict) else {"(not a mapping)"}
+        if bad or not {"paper", "table", "reason"} <= set(entry):
+            raise FedbenchError(f"{path}: uncovered entry {entry!r} needs paper, table and reason (and may name "
+                                f"{sorted(UNCOVERED_KEYS - {'paper', 'table', 'reason'})}).")
     return spec
 
 
 def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[PlannedRun]:
     experiment = f"{spec['table']}_{spec['dataset']}"
+    columns = table_columns(spec)
+    by_id = {c.id: c for c in columns}
+    ran = [c for c in columns if not c.derived]
+    if not ran:
+        raise FedbenchError(f"Table {experiment}: every column is derived ({[c.id for c in columns]}); add partitions to run.")
+    base_partition = deep_merge(RunConfig().to_dict()["partition"],
+                                (spec.get("base") or {}).get("partition") or {})
     runs = []
     for row in spec["rows"]:
+        where = f"Table {experiment}, row {row['label']!r}"
         overrides = {k: v for k, v in row.items() if k in OPTION_GROUPS}
-        betas = row.get("betas", spec["betas"])
-        if not set(betas) <= set(spec["betas"]):
-            raise FedbenchError(f"Table {experiment}, row {row['label']!r}: betas {betas} not all in the table's {spec['betas']}.")
-        betas = spec["betas"][:1] if row.get("partition_independent") else betas
-        for beta in betas:
+        if "columns" in row or "betas" in row:
+            row_base = deep_merge(base_partition, overrides.get("partition", {}))
+            mine = [c.id for c in columns_from(row, where, row_base)]
+            if not set(mine) <= set(by_id) or any(by_id[c].derived for c in mine):
+                raise FedbenchError(f"{where}: columns {mine} not all in the table's run columns "
+                                    f"{[c.id for c in ran]}.")
+        else:
+            mine = [c.id for c in ran]
+        if row.get("partition_independent"):
+            mine = mine[:1]
+        for col_id in mine:
+            column = by_id[col_id]
             for seed in spec["seeds"]:
-                run = {"partition": {"beta": beta}, "seed": seed, "experiment": experiment}
+                run = {"seed": seed, "experiment": experiment}
                 if output_dir:
                     run["output_dir"] = output_dir
-                cfg = run_config(spec.get("base") or {}, overrides, run,
-                                 where=f"Table {experiment}, row {row['label']!r}")
-                cols = spec["betas"] if row.get("partition_independent") else [beta]
-                runs.append(PlannedRun(row["label"], beta, seed, cfg, cols))
+                cfg = run_config(spec.get("base") or {}, {"partition": column.partition}, overrides, run,
+                                 where=where)
+                cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
+                runs.append(PlannedRun(row["label"], column.beta, seed, cfg, cols, row))
     for label in dict.fromkeys(r.label for r in runs):
-        missing = set(spec["betas"]) - {b for r in runs if r.label == label for b in r.columns}
+        covered = {c for r in runs if r.label == label for c in r.columns}
+        missing = [c for c in ran if c.id not in covered]
         if missing:
-            raise FedbenchError(f"Table {experiment}: row {label!r} has no run for beta(s) {sorted(missing)}; "
-                                "rows restricted with 'betas' need a row with the same label for the other betas.")
+            what = (f"beta(s) {[c.beta for c in missing]}" if all(c.beta is not None for c in missing)
+                    else f"column(s) {[c.id for c in missing]}")
+            raise FedbenchError(f"Table {experiment}: row {label!r} has no run for {what}; rows restricted with "
+                                "'columns' or 'betas' need a row with the same label for the other columns.")
+    by_path: dict[Path, PlannedRun] = {}
+    for r in runs:
+        other = by_path.setdefault(record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name()), r)
+        if result_config(other.cfg.to_dict()) != result_config(r.cfg.to_dict()):
+            raise FedbenchError(f"Table {experiment}: rows {other.label!r} and {r.label!r} would write the same run "
+                                f"record ({r.cfg.run_name()}) with different options; give one of them different "
+                                "method options or put it in another table.")
     return runs
+
+
+def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """One run per record: rows that repeat a run (the same method, options and partition under
+    several ablation tables) share it."""
+    seen: set[Path] = set()
+    out = []
+    for r in runs:
+        path = record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name())
+        if path not in seen:
+            seen.add(path)
+            out.append(r)
+    return out
 
 
 def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
@@ -81,7 +133,8 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     if not path.exists():
         return None, "no record"
     rec = load_record(path)
-    same = canonical(result_config(rec.get("config", {}))) == canonical(result_config(cfg.to_dict()))
+    recorded = with_defaults(rec.get("config", {}))  # options added since the record count at their defaults
+    same = canonical(result_config(recorded)) == canonical(result_config(cfg.to_dict()))
     if not same:
         return None, "config changed"
     if rec.get("code_version") != code_version():
@@ -128,6 +181,7 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
 
     reasons = Counter()
     todo = []
+    runs = distinct_runs(runs)
     for r in runs:
         reason = "--force" if args.force else record_status(r.cfg)[1]
         if reason != "up to date":
@@ -148,6 +202,6 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     fabric.launch()
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
-        bar.set_postfix_str(f"{r.label} beta={r.beta:g} seed={r.seed}")
+        bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")
         run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir))
     return fabric.global_rank

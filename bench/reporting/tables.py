@@ -1,5 +1,11 @@
-"""Render a table from run records: ours (mean +- std over seeds) per (row, beta, metric) beside the
-paper's number, the difference and a Welch p-value; missing stays missing; PNG figures alongside."""
+"""Render a table from run records: ours (mean +- std over seeds) per (row, column, metric) beside each
+paper's number, the difference and a Welch p-value; missing stays missing; PNG figures alongside.
+
+Ours is the test metric at the round the row's round rule picks (bench/reporting/protocols.py), computed from
+each record's per-round history. A paper's number is shown only where the row was measured as the
+paper measured it; elsewhere its column says "protocol differs: <what>" (bench/reporting/paper_compare.py).
+One column group per paper that has a cell in the table, so every number names its paper.
+"""
 from __future__ import annotations
 
 import csv
@@ -11,8 +17,17 @@ from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.records import load_record, record_path
-from bench.reporting.paper_compare import compare, load_cells, paper_cell, paper_names
+from bench.reporting.columns import Column, table_columns
+from bench.reporting.paper_compare import (
+    PAPER_NAMES,
+    compare,
+    load_cells,
+    match_table,
+    paper_names,
+    row_protocols,
+)
 from bench.reporting.plots import plot_curves, plot_partitions
+from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
 
@@ -24,24 +39,36 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def metric_of(record: dict, metric: str) -> float | None:
-    """Test metric at the best-validation round (global protocol) or the final round (per-client)."""
-    best = record.get("best") or {}
-    return best.get(f"test/{metric}")
-
-
-def collect(spec: dict, runs: list, records: dict[int, dict]) -> dict[tuple[str, float, str], dict[str, Any]]:
-    """(row label, beta, metric) -> values over seeds, their mean/std and how many were expected."""
-    cells: dict[tuple[str, float, str], dict[str, Any]] = {}
+def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Column],
+            protocols: dict[str, RowProtocol]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(row label, column id, metric) -> values over seeds, their mean/std and how many were expected.
+    A derived column (``average``) holds, per seed, the mean of the row's values in the other columns."""
+    cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    metrics = spec.get("metrics", ["accuracy", "f1"])
     for run in runs:
         rec = records.get(id(run))
-        for beta in run.columns:
-            for metric in spec.get("metrics", ["accuracy", "f1"]):
-                cell = cells.setdefault((run.label, beta, metric), {"values": [], "seeds": [], "expected": 0})
+        rule = protocols[run.label].round
+        for col_id in run.columns:
+            for metric in metrics:
+                cell = cells.setdefault((run.label, col_id, metric), {"values": [], "seeds": [], "expected": 0})
                 cell["expected"] += 1
-                if rec is not None and metric_of(rec, metric) is not None:
-                    cell["values"].append(metric_of(rec, metric))
+                value = None if rec is None else metric_at(rec, metric, rule)
+                if value is not None:
+                    cell["values"].append(value)
                     cell["seeds"].append(run.seed)
+    ran = [c.id for c in columns if not c.derived]
+    for derived in (c for c in columns if c.derived):
+        for label in dict.fromkeys(r.label for r in runs):
+            for metric in metrics:
+                parts = [cells.get((label, c, metric)) for c in ran]
+                seeds = sorted({s for r in runs if r.label == label for s in [r.seed]})
+                cell = {"values": [], "seeds": [], "expected": len(seeds)}
+                for seed in seeds:
+                    per_col = [p["values"][p["seeds"].index(seed)] for p in parts if p and seed in p["seeds"]]
+                    if len(per_col) == len(ran):
+                        cell["values"].append(statistics.fmean(per_col))
+                        cell["seeds"].append(seed)
+                cells[(label, derived.id, metric)] = cell
     for cell in cells.values():
         cell["mean"], cell["std"] = mean_std(cell["values"])
     return cells
@@ -56,11 +83,17 @@ def fmt(cell: dict) -> str:
     return text
 
 
-def fmt_paper(cmp: dict) -> list[str]:
-    """The paper, delta and p-value columns of one cell."""
+def fmt_paper(cmp: dict, footnote: int | None = None) -> list[str]:
+    """The paper, delta and p-value columns of one cell (one paper); a protocol difference names
+    what differs and points to its footnote."""
+    if cmp["protocol_differs"] is not None:
+        mark = f" [{footnote}]" if footnote is not None else ""
+        return [f"protocol differs: {cmp['protocol_differs_in']}{mark}", "—", "—"]
     if cmp["paper_mean"] is None:
         return ["n/a", "n/a", "n/a"]
     paper = f"{cmp['paper_mean']:.2f}" + (f" ± {cmp['paper_std']:.2f}" if cmp["paper_std"] is not None else "")
+    if cmp.get("protocol_inferred"):
+        paper += " †"
     delta = "missing" if cmp["delta"] is None else f"{cmp['delta']:+.2f}"
     p = "n/a" if cmp["p_value"] is None else f"{cmp['p_value']:.3f}"
     return [paper, delta, p]
@@ -84,82 +117,135 @@ def setup_line(rec: dict) -> str:
             f"test samples {rec['splits']['test']}")
 
 
-def protocol_note(labels: list[str], runs: list, records: dict[int, dict]) -> str:
-    def rows_with(protocol: str) -> list[str]:
-        return [lab for lab in labels
-                if any(records.get(id(r), {}).get("protocol") == protocol for r in runs if r.label == lab)]
+def protocol_note(labels: list[str], protocols: dict[str, RowProtocol], table_rule: str | None) -> str:
+    """What every row reports, grouped by evaluation and round rule."""
+    default = table_rule or "best-val-acc"
+    parts = []
+    order = {"global": 0, "per_client": 1, "local_mean": 2}
+    groups = dict.fromkeys((protocols[lab].eval, protocols[lab].round) for lab in labels)
+    for (ev, rule) in sorted(groups, key=lambda g: order[g[0]]):
+        rows = [lab for lab in labels if (protocols[lab].eval, protocols[lab].round) == (ev, rule)]
+        if ev == "global" and rule == "best-val-acc" and rule == default:
+            parts.append("Global-model rows: test metrics at the best-validation round (highest validation accuracy).")
+        elif ev == "global" and rule == default:
+            parts.append(f"Global-model rows: {ROUND_RULES[rule]}.")
+        elif ev == "per_client" and rule == "final":
+            parts.append(f"Per-client rows ({', '.join(rows)}): the mean over clients of each client's model on "
+                         "its own test split, at the final round.")
+        elif ev == "local_mean" and rule == "final":
+            parts.append(f"Client-mean rows ({', '.join(rows)}): the mean over clients of each client's own "
+                         "model on the global test set, at the final round.")
+        else:
+            parts.append(f"Rows {', '.join(rows)}: {EVALS[ev]}, {ROUND_RULES[rule]}.")
+    return " ".join(parts)
 
-    note = "Global-model rows: test metrics at the best-validation round (FedBM's rule)."
-    if per_client := rows_with("per_client"):
-        note += (f" Per-client rows ({', '.join(per_client)}): the mean over clients of each client's model on "
-                 "its own test split, at the final round.")
-    if client_mean := rows_with("local_mean"):
-        note += (f" Client-mean rows ({', '.join(client_mean)}): the mean over clients of each client's own "
-                 "model on the global test set, at the final round.")
-    return note
 
-
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> dict[str, str]:
-    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths."""
+def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
+                 papers_root: str = "results/paper") -> dict[str, str]:
+    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
+    ``papers_root``: where the papers' numbers are (results/paper)."""
     metrics = spec.get("metrics", ["accuracy", "f1"])
-    betas = spec["betas"]
+    columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
-    paper_key = {r["label"]: (r.get("paper_method", r["label"]), r.get("paper_table"), r.get("paper_setting"))
-                 for r in spec["rows"]}
+    protocols = row_protocols(spec, runs)
     records = load_records(runs)
-    cells = collect(spec, runs, records)
-    paper_cells = load_cells(spec)
-    for (label, beta, metric), cell in cells.items():
-        method, table, setting = paper_key[label]
-        cell.update(compare(cell, paper_cell(paper_cells, spec["dataset"], beta, method, metric, table, setting)))
+    cells = collect(spec, runs, records, columns, protocols)
+    matches = match_table(spec, runs, columns, load_cells(spec, papers_root))
+    papers = paper_names(spec)
+    # one column group per paper with a cell in this table; one plain "paper" group when none has
+    groups = [p for p in papers if any(m.cell is not None for ms in matches.values() for m in ms if m.paper == p)]
+    for key, cell in cells.items():
+        ms = {m.paper: m for m in matches.get(key, [])}
+        per = {p: compare(cell, ms.get(p)) for p in papers}
+        primary = next((p for p in papers if ms.get(p) is not None and ms[p].cell is not None), None)
+        cell.update(per[primary] if primary else compare(cell, None))
+        cell["papers"] = {p: per[p] for p in papers}
+        cell["round_rule"] = protocols[key[0]].round
     name = f"{spec['table']}_{spec['dataset']}"
     some = next(iter(records.values()), None)
-    papers = ", ".join(paper_names(spec)) or "none"
+    shown = ", ".join(papers) or "none"
 
     header = ["Method"]
-    for b in betas:
+    for col in columns:
         for m in metrics:
-            lab = f"β={b:g} {METRIC_LABELS.get(m, m)}"
-            header += [f"{lab} ours", f"{lab} paper", f"{lab} Δ", f"{lab} p"]
+            lab = f"{col.label} {METRIC_LABELS.get(m, m)}"
+            header.append(f"{lab} ours")
+            if not groups:
+                header += [f"{lab} paper", f"{lab} Δ", f"{lab} p"]
+            for p in groups:
+                tag = f" {PAPER_NAMES.get(p, p)}" if len(groups) > 1 else ""
+                header += [f"{lab} {PAPER_NAMES.get(p, p)}", f"{lab} Δ{tag}", f"{lab} p{tag}"]
+    footnotes: dict[str, int] = {}  # "row vs source: reason" -> its number
     rows = []
     for label in labels:
         row = [label]
-        for b in betas:
+        for col in columns:
             for m in metrics:
-                cell = cells[(label, b, m)]
-                row += [fmt(cell)] + fmt_paper(cell)
+                cell = cells[(label, col.id, m)]
+                row.append(fmt(cell))
+                for p in groups or [None]:
+                    cmp = cell["papers"][p] if p else cell
+                    note = None
+                    if cmp["protocol_differs"]:
+                        key = f"{label} vs {cmp['paper_source']}: {cmp['protocol_differs']}"
+                        note = footnotes.setdefault(key, len(footnotes) + 1)
+                    row += fmt_paper(cmp, note)
         rows.append(row)
 
     md = [f"# {spec.get('title', name)}", ""]
     if some is not None:
         md += [f"Setup: {setup_line(some)}.", ""]
-    legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). {protocol_note(labels, runs, records)} "
-              f"Paper: the published mean ± std ({papers}; n/a where the paper has no such cell), Δ = ours − paper, "
+    legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
+              f"{protocol_note(labels, protocols, spec.get('round_rule'))} "
+              f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), Δ = ours − paper, "
               "p = two-sided Welch t-test where both sides have >= 3 runs. Rows without records are shown as "
               "missing, never filled.")
+    sources = sorted({cell["papers"][p]["paper_source"] for cell in cells.values() for p in papers
+                      if cell["papers"][p]["paper_source"]})
+    if sources:
+        legend += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
+                   "is evaluated, the reporting round, the model) its column says 'protocol differs' and gives "
+                   "no Δ and no p.")
+    if any(cell["papers"][p].get("protocol_inferred") for cell in cells.values() for p in papers):
+        legend += (" †: the paper does not state how it measured that row; its protocol is inferred from the code "
+                   "it was produced with (see the notes in results/paper).")
+    if any(c.derived for c in columns):
+        legend += " average: per seed, the mean of the row's other columns."
     md += [legend, ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
+    if footnotes:
+        md += ["", "Protocol differences (ours vs the paper's cell): "
+               + " ".join(f"[{n}] {text}." for text, n in footnotes.items())]
     if spec.get("notes"):
         md += ["", spec["notes"].strip()]
 
     out_dir = Path(tables_dir)
-    figures = {**plot_curves(spec, runs, records, out_dir / f"{name}_curves.png"),
-               **plot_partitions(spec, runs, records, out_dir, name)}
+    figures = {**plot_curves(spec, runs, records, out_dir / f"{name}_curves.png", columns),
+               **plot_partitions(spec, runs, records, out_dir, name, columns)}
     if figures:
         md += ["", "Figures: " + ", ".join(f"[{k}]({Path(v).name})" for k, v in figures.items())]
 
     buf = io.StringIO()
     writer = csv.writer(buf)
     cols = ["mean", "std", "paper_mean", "paper_std", "delta", "p_value", "paper_source"]
-    writer.writerow(["method", "beta", "metric", *cols, "n_seeds", "expected_seeds", "values"])
-    for (label, beta, metric), cell in cells.items():
-        writer.writerow([label, beta, metric, *(cell[c] for c in cols), len(cell["values"]), cell["expected"],
-                         " ".join(f"{v:.4f}" for v in cell["values"])])
+    writer.writerow(["method", "beta", "metric", *cols, "n_seeds", "expected_seeds", "values", "column",
+                     "round_rule", "protocol_differs", "other_papers"])
+    for (label, col_id, metric), cell in cells.items():
+        beta = next(c.beta for c in columns if c.id == col_id)
+        others = "; ".join(f"{v['paper_source']}: " + " ".join(fmt_paper(v)) for p, v in cell["papers"].items()
+                           if v["paper_source"] and v["paper_source"] != cell["paper_source"])
+        writer.writerow([label, "" if beta is None else beta, metric, *(cell[c] for c in cols), len(cell["values"]),
+                         cell["expected"], " ".join(f"{v:.4f}" for v in cell["values"]), col_id, cell["round_rule"],
+                         cell["protocol_differs"] or "", others])
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], buf.getvalue())
-    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "papers": paper_names(spec),
+    by_id = {c.id: c for c in columns}
+    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "papers": papers,
                                "setup": setup_line(some) if some else "", "figures": figures,
-                               "cells": [{"method": k[0], "beta": k[1], "metric": k[2], **v} for k, v in cells.items()]})
+                               "columns": [c.id for c in columns],
+                               "protocols": {lab: vars(protocols[lab]) for lab in labels},
+                               "cells": [{"method": k[0], "beta": by_id[k[1]].beta, "column": k[1], "metric": k[2], **v}
+                                         for k, v in cells.items()]})
     return {**paths, **figures}

@@ -19,7 +19,7 @@ from bench.experiment import RunObserver
 
 # the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
 TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
-                 "delta", "p_value", "paper_source"]
+                 "delta", "p_value", "paper_source", "column", "round_rule", "protocol_differs"]
 
 
 def default_dir() -> str:

@@ -178,6 +178,7 @@ def train_generator(
     use_dis: bool = True,
     noise_only: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
+    sem_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Train ``generator`` for ``steps`` Adam steps against the frozen teacher; return the last losses.
 
@@ -188,6 +189,8 @@ def train_generator(
     result is the same on every rank. The teacher is in eval mode with gradients off for its
     parameters; its modes and flags are restored afterwards. A fresh Adam(lr, betas 0.5/0.999)
     is used unless ``optimizer`` is given (to keep its state across generator trainings).
+    ``sem_loss(h, labels)`` replaces the LKCC surrogate as L_sem (FedBM without LKCC: the CE of the
+    teacher's learned classifier).
     """
     if steps < 1 or batch_size < 1:
         raise FedbenchError(f"train_generator needs steps >= 1 and batch_size >= 1, got {steps}, {batch_size}")
@@ -211,7 +214,12 @@ def train_generator(
             with BNStatisticsHook(teacher_model) as hook:
                 h = teacher_forward(normalise(images) if normalise is not None else images)
             zero = images.new_zeros(())
-            sem = lkcc_surrogate_loss(h, labels, dist.mu, dist.sigma_diag, tau) if use_sem else zero
+            if not use_sem:
+                sem = zero
+            elif sem_loss is not None:
+                sem = sem_loss(h, labels)
+            else:
+                sem = lkcc_surrogate_loss(h, labels, dist.mu, dist.sigma_diag, tau)
             div = diversity_loss(images, z, labels, dist.num_classes) if use_div else zero
             dis = hook.loss() if use_dis else zero
             loss = sem + lambda_div * div + lambda_dis * dis

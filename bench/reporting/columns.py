@@ -1,0 +1,125 @@
+"""Table columns: partition settings, named exactly as results/paper/*.json names partitions.
+
+A table config lists its columns (``columns: [...]``); each is one of
+
+    dirichlet-<beta>             per-class Dirichlet(beta) over the clients (FedBM, FedCB, FACMIC)
+    dirichlet-classwise[-<beta>] per-class Dirichlet with randomly missing classes (FedNPR's RSNA-ICH;
+                                 scheme dirichlet_missing, missing_prob from the config); paper key
+                                 ``dirichlet-classwise`` (the papers do not print the beta)
+    lda-<alpha>                  FST-CBDG's "LDA": a per-class Dirichlet(alpha) (scheme dirichlet)
+    shards-<s>                   s label shards per client (scheme shards)
+    iid                          an even random split
+    natural                      one client per natural site / writer (scheme natural)
+    none                         no partition: centralised / zero-shot rows (their runs use the base
+                                 partition; a paper prints such rows once per dataset)
+    average                      derived, not run: per seed, the mean of the row's other columns
+                                 (FACMIC's "Average" over alpha 0.3/0.6/0.9 and iid)
+
+``betas: [0.05, 0.1]`` is sugar for Dirichlet columns: it gives ``dirichlet-<beta>`` columns (or
+``dirichlet-classwise-<beta>`` when the base partition is dirichlet_missing; a single beta over a
+natural / iid / shards base partition gives that one column), each setting ``partition.beta``, as
+before columns existed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.core.errors import FedbenchError
+
+_NUMBER = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
+_PATTERNS = (
+    (re.compile(rf"^dirichlet-{_NUMBER}$"), "dirichlet"),
+    (re.compile(rf"^dirichlet-classwise(?:-{_NUMBER})?$"), "dirichlet-classwise"),
+    (re.compile(rf"^lda-{_NUMBER}$"), "lda"),
+    (re.compile(r"^shards-(\d+)$"), "shards"),
+    (re.compile(r"^(iid|natural|none|average)$"), "plain"),
+)
+KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "lda-<alpha>", "shards-<s>", "iid", "natural",
+         "none", "average")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: what its runs override in the partition, and how it is named."""
+
+    id: str  # as written in the config
+    paper_partition: str  # the partition key of results/paper/*.json it is compared with
+    label: str  # table header: "β=0.05", "α=0.1", "s=2", "iid", ...
+    partition: dict[str, Any] = field(default_factory=dict)  # partition config overrides of its runs
+    beta: float | None = None  # the Dirichlet concentration, when the column has one
+    derived: bool = False  # computed from the other columns, never run
+
+    @property
+    def file_tag(self) -> str:
+        """File-name part of this column's figures (``beta0.05`` as before for Dirichlet columns)."""
+        return f"beta{self.beta:g}" if self.beta is not None else self.id
+
+
+def parse_column(text: str) -> Column:
+    """A column from its name (see the module docstring); FedbenchError on anything else."""
+    if not isinstance(text, str):
+        raise FedbenchError(f"Column {text!r} must be a string such as 'dirichlet-0.1'; kinds: {', '.join(KINDS)}.")
+    for pattern, kind in _PATTERNS:
+        m = pattern.match(text)
+        if not m:
+            continue
+        if kind == "dirichlet":
+            b = float(m.group(1))
+            return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "beta": b}, beta=b)
+        if kind == "dirichlet-classwise":
+            if m.group(1) is None:
+                return Column(text, "dirichlet-classwise", "class-wise Dir.", {"scheme": "dirichlet_missing"})
+            b = float(m.group(1))
+            return Column(text, "dirichlet-classwise", f"β={b:g}", {"scheme": "dirichlet_missing", "beta": b}, beta=b)
+        if kind == "lda":
+            a = float(m.group(1))
+            return Column(text, f"lda-{a:g}", f"α={a:g}", {"scheme": "dirichlet", "beta": a}, beta=a)
+        if kind == "shards":
+            s = int(m.group(1))
+            return Column(text, f"shards-{s}", f"s={s}", {"scheme": "shards", "shards_per_client": s})
+        name = m.group(1)
+        if name == "none":
+            return Column(text, "none", "centralised")
+        if name == "average":
+            return Column(text, "average", "average", derived=True)
+        return Column(text, name, name, {"scheme": name})
+    raise FedbenchError(f"Unknown column {text!r}; columns are partition settings: {', '.join(KINDS)}.")
+
+
+def beta_column(beta: float, scheme: str, shards_per_client: int = 2) -> Column:
+    """The column ``betas: [beta]`` stands for over a base partition ``scheme`` (sets partition.beta)."""
+    b = float(beta)
+    if scheme == "dirichlet":
+        return Column(f"dirichlet-{b:g}", f"dirichlet-{b:g}", f"β={b:g}", {"beta": b}, beta=b)
+    if scheme == "dirichlet_missing":
+        return Column(f"dirichlet-classwise-{b:g}", "dirichlet-classwise", f"β={b:g}", {"beta": b}, beta=b)
+    name = f"shards-{shards_per_client}" if scheme == "shards" else scheme
+    return Column(name, name, name, {"beta": b}, beta=b)
+
+
+def columns_from(spec: dict[str, Any], where: str, base_partition: dict[str, Any]) -> list[Column]:
+    """The columns a table (or row) config names with ``columns`` or ``betas``."""
+    if "columns" in spec and "betas" in spec:
+        raise FedbenchError(f"{where}: give either 'columns' or 'betas' (sugar for Dirichlet columns), not both.")
+    if "columns" in spec:
+        cols = [parse_column(c) for c in spec["columns"]]
+    elif "betas" in spec:
+        scheme = base_partition.get("scheme", "dirichlet")
+        cols = [beta_column(b, scheme, base_partition.get("shards_per_client", 2)) for b in spec["betas"]]
+        if scheme not in ("dirichlet", "dirichlet_missing") and len(cols) > 1:
+            raise FedbenchError(f"{where}: 'betas' makes Dirichlet columns; the {scheme!r} partition has one "
+                                "column (use columns: [...] for other settings).")
+    else:
+        raise FedbenchError(f"{where}: no columns; add columns: [dirichlet-0.1, iid, ...] or betas: [...].")
+    ids = [c.id for c in cols]
+    if not cols or len(set(ids)) != len(ids):
+        raise FedbenchError(f"{where}: columns must be a non-empty list without repeats, got {ids}.")
+    return cols
+
+
+def table_columns(spec: dict[str, Any]) -> list[Column]:
+    """The columns of a table config (its base partition decides what ``betas`` stands for)."""
+    base = (spec.get("base") or {}).get("partition") or {}
+    return columns_from(spec, f"Table {spec.get('table')}_{spec.get('dataset')}", base)
