@@ -10,7 +10,7 @@ import yaml
 from bench.config import OPTION_GROUPS, RunConfig, execution_keys, result_config
 from bench.core.errors import FedbenchError
 from bench.reporting.regression import ENTRY_KEYS, load_config
-from bench.reporting.spec import canonical, run_config
+from bench.reporting.spec import canonical, run_config, with_defaults
 from bench.reporting.table_runner import load_table_config
 
 TABLE = {"table": "t", "dataset": "digits", "betas": [0.5], "seeds": [0],
@@ -90,3 +90,16 @@ def test_run_config_merges_in_order_and_args_whole():
     assert (cfg.fed.rounds, cfg.fed.batch_size, cfg.seed) == (2, 8, 3)
     assert cfg.method.args == {"mu": 0.2}  # a method's options are replaced, not merged
     assert canonical({"b": (1, 2), "a": {1: None}}) == {"a": {"1": None}, "b": [1, 2]}
+
+
+def test_with_defaults_fills_only_options_added_since():
+    """A stored result-config without a newer option (fed.protocol) equals today's; its own values,
+    method.args and keys RunConfig no longer has are kept, so those still differ."""
+    today = result_config(RunConfig().to_dict())
+    old = {**today, "fed": {k: v for k, v in today["fed"].items() if k != "protocol"},
+           "method": {**today["method"], "args": {"mu": 0.1}}}
+    filled = with_defaults(old)
+    assert canonical(filled) == canonical({**today, "method": {**today["method"], "args": {"mu": 0.1}}})
+    assert with_defaults({**old, "seed": 7})["seed"] == 7
+    assert with_defaults({**old, "gone": 1})["gone"] == 1
+    assert with_defaults(None) is None

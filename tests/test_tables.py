@@ -166,5 +166,11 @@ def test_stale_records_are_rerun(tmp_path, monkeypatch):
     run.cfg.fed.rounds = 5
     assert record_status(run.cfg)[1] == "config changed"
     run.cfg.fed.rounds = 3
+    old = {**rec, "config": {**rec["config"], "fed": {k: v for k, v in rec["config"]["fed"].items() if k != "protocol"}}}
+    write_json(path, old)  # a record from before fed.protocol existed: the option counts at its default
+    assert record_status(run.cfg)[1] == "up to date"
+    run.cfg.fed.protocol = "local_mean"  # scored another way: another record
+    assert record_status(run.cfg) == (None, "no record")
+    run.cfg.fed.protocol = None
     write_json(path, {**rec, "code_version": "0123456789ab"})
     assert record_status(run.cfg)[1] == f"code changed (0123456789ab -> {code_version()})"
