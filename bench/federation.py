@@ -79,11 +79,11 @@ def local_training(fabric, module: FederatedModule, optimizer, batches: EpochBat
 
 
 class ServerComm:
-    """What a method's server step may use to run work on one rank and share the result:
-    ``is_server`` is True on rank 0 only; ``broadcast(obj)`` returns rank 0's ``obj`` on every rank."""
+    """What a method's server side knows besides the round's inputs: ``num_clients`` in the
+    federation; ``is_server``, True on rank 0 only; ``broadcast(obj)``, rank 0's ``obj`` on every rank."""
 
-    def __init__(self, fabric) -> None:
-        self.fabric = fabric
+    def __init__(self, fabric, num_clients: int) -> None:
+        self.fabric, self.num_clients = fabric, num_clients
         self.is_server = fabric.global_rank == 0
 
     def broadcast(self, obj):
@@ -118,7 +118,7 @@ class Federation:
         self.checkpointer = Checkpointer(cfg, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
         self.sampled: list[int] = []
-        module.server_comm = ServerComm(fabric)
+        module.server_comm = ServerComm(fabric, len(clients))
 
     # ---- one client ----------------------------------------------------------------------
     def load_client_model(self, c: int) -> dict:

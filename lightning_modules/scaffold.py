@@ -4,14 +4,11 @@ Client i keeps its control variate c_i (zero at first); the server keeps c. Ever
 uses the corrected gradient  g + c - c_i  (added after backward). After K local steps of size lr:
     c_i+ = c_i - c + (x - y_i) / (K lr)          (option II; x = received model, y_i = trained one)
 and the client uploads delta c_i = c_i+ - c_i in the round's flat buffer. The server model is the
-orchestrator's average; the server control variate moves by (|S|/N) mean_S(delta c_i), i.e. it is
-the mean of the clients' c_i (all start at zero).
+orchestrator's average; the server control variate moves by (|S|/N) mean_S(delta c_i), N = all
+clients in the federation, i.e. c = (1/N) sum_i c_i (all start at zero; a client not yet sampled
+counts with c_i = 0).
 
-Two choices the paper leaves open:
-- N (all clients) is not given to a method by the core, so c is kept as the mean of the c_i of
-  the clients that have taken part so far (each first participation is counted through the
-  buffer). With full participation, or once every client has taken part, this is exactly the
-  paper's c; before that, the paper's c is this mean times (clients seen / N).
+A choice the paper leaves open:
 - Local SGD with (heavy-ball) momentum moves the weights by more than K * lr per unit gradient,
   which would make option II unstable; ``K lr`` is therefore generalised to the displacement a
   constant unit gradient produces under the optimizer's momentum in these K steps (exactly K lr
@@ -26,35 +23,28 @@ import torch
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.local_phases import KeepsLocalOptimizer
 
-NEW_CLIENTS = "new_clients"
-
 
 @METHODS.register("scaffold")
 class Scaffold(KeepsLocalOptimizer, FederatedModule):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.c: dict[str, torch.Tensor] = {}  # server control variate (absent = zero)
-        self.c_sum: dict[str, torch.Tensor] = {}  # sum of the c_i of the clients seen so far (float64)
-        self.clients_seen = 0
+        self.c_sum: dict[str, torch.Tensor] = {}  # sum over all clients of c_i (float64)
         self._corrections: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self._unit_displacement = 0.0  # sum over steps of lr * (momentum amplification of a unit gradient)
         self._momentum_buffer = 0.0
-        self._first_participation = False
 
     def controlled_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         shared = set(self.shared_keys())
         return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
 
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}
-        shapes[NEW_CLIENTS] = (1,)
-        return shapes
+        return {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}
 
     # ---- client ----------------------------------------------------------------------------
     def on_client_start(self, ctx: ClientContext) -> None:
         params = self.controlled_parameters()
-        self._first_participation = "c_local" not in ctx.state
-        if self._first_participation:
+        if "c_local" not in ctx.state:
             ctx.state["c_local"] = {n: torch.zeros_like(p) for n, p in params}
         c_local = ctx.state["c_local"]
         self._corrections = [(p, self.server_c(n, p) - c_local[n]) for n, p in params]
@@ -94,25 +84,21 @@ class Scaffold(KeepsLocalOptimizer, FederatedModule):
                 new = c_local[n]
             extras[f"dc.{n}"] = new - c_local[n]
             c_local[n] = new
-        extras[NEW_CLIENTS] = torch.tensor([1.0 if self._first_participation else 0.0], device=ctx.indices.device)
         self._corrections = []
         return extras
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
-        self.clients_seen += round(float(extras[NEW_CLIENTS].sum()))
-        if self.clients_seen == 0:
-            return
+        num_clients = self.server_comm.num_clients
         for n, p in self.controlled_parameters():
             dc = extras[f"dc.{n}"]
             total = self.c_sum.get(n)
             self.c_sum[n] = dc.clone() if total is None else total.to(dc.device) + dc
-            self.c[n] = (self.c_sum[n] / self.clients_seen).to(p.dtype)
+            self.c[n] = (self.c_sum[n] / num_clients).to(p.dtype)
 
     def server_state(self) -> dict[str, torch.Tensor]:
-        return {"clients_seen": torch.tensor(self.clients_seen), **{f"c_sum.{n}": t for n, t in self.c_sum.items()}}
+        return {f"c_sum.{n}": t for n, t in self.c_sum.items()}
 
     def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.clients_seen = int(state["clients_seen"])
         self.c_sum = {k[len("c_sum."):]: v.clone() for k, v in state.items() if k.startswith("c_sum.")}
-        self.c = {n: (t / max(self.clients_seen, 1)).float() for n, t in self.c_sum.items()}
+        self.c = {n: (t / self.server_comm.num_clients).float() for n, t in self.c_sum.items()}
