@@ -14,6 +14,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
 
 from bench.batches import DeviceData
+from bench.central import as_one_client
 from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.federation import ClientSplit, Federation
@@ -137,17 +138,15 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
                      run_tags(cfg), {**cfg.to_dict(), "code_version": code_version()}, wandb_dir)
     try:
-        if module.runs_centrally:
-            from bench.central import train_central
-
-            history = train_central(fabric, cfg, module, train, val, test, log=wandb.log)
-            protocol = "global"
+        if module.runs_centrally:  # a federation of one client holding all the training data
+            fed_cfg, clients = as_one_client(cfg, len(train.labels), device)
         else:
+            fed_cfg = cfg
             clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", device)
-            fed = Federation(fabric, cfg, module, train, clients, val, test)
-            fed.on_round_end = lambda e: wandb.log(e["metrics"], step=e["round"]) if e["metrics"] else None
-            history = fed.run()
-            protocol = module.protocol
+        fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
+        fed.on_round_end = lambda e: wandb.log(e["metrics"], step=e["round"]) if e["metrics"] else None
+        history = fed.run()
+        protocol = module.protocol
     except BaseException:
         wandb.finish(exit_code=1)
         raise
