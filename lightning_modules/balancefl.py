@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.global_teacher import GlobalTeacher
+from lightning_modules.components.client_features import client_features
+from lightning_modules.components.state import FrozenModel
 
 
 def missing_class_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, missing: torch.Tensor,
@@ -90,7 +91,7 @@ class BalanceFL(FederatedModule):
             raise FedbenchError(f"BalanceFL's temperature must be > 0, got {temperature}.")
         self.temperature, self.kd_weight, self.entropy_weight = temperature, kd_weight, entropy_weight
         self.balanced_sampling, self.feature_augmentation = balanced_sampling, feature_augmentation
-        self._teacher: GlobalTeacher | None = None
+        self._teacher: FrozenModel | None = None
         self._counts = self._present = self._missing = None
         self._aug_prob: torch.Tensor | None = None
         self._noise_factor: torch.Tensor | None = None
@@ -101,12 +102,11 @@ class BalanceFL(FederatedModule):
         self._counts = counts
         self._present = torch.nonzero(counts > 0).flatten()
         self._missing = torch.nonzero(counts == 0).flatten()
-        self._teacher = GlobalTeacher(self, ctx.global_state, train_mode=True)
+        self._teacher = FrozenModel(self, ctx.global_state, train_mode=True)
         self._aug_prob = self._noise_factor = None
         if self.feature_augmentation:
             self._aug_prob = 1.0 - counts.float() / counts.max().float()
-            feats = torch.cat([self._teacher.features(ctx.data.to_float(chunk)[0]).float()
-                               for chunk in torch.tensor_split(ctx.indices, -(-len(ctx.indices) // 256))])
+            feats = client_features(ctx, self._teacher.features, even=True)
             cov = within_class_covariance(feats, ctx.labels, counts)
             self._noise_factor = gaussian_noise_factor(cov).float()
 

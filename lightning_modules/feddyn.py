@@ -19,6 +19,7 @@ import torch
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.components.state import trainable_shared_parameters
 
 
 @METHODS.register("feddyn")
@@ -35,8 +36,7 @@ class FedDyn(FederatedModule):
 
     def dynamic_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The trainable, aggregated parameters (those FedDyn regularises)."""
-        shared = set(self.shared_keys())
-        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
+        return trainable_shared_parameters(self)
 
     # ---- client ----------------------------------------------------------------------------
     def on_client_start(self, ctx: ClientContext) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.local_phases import class_feature_sums
+from lightning_modules.components.client_features import class_feature_sums
 
 
 def uniform_prototypes(num_classes: int, dim: int, seed: int) -> torch.Tensor:

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.local_phases import PerClientProtocol, class_feature_sums
+from lightning_modules.components.client_features import class_feature_sums
+from lightning_modules.components.local_phases import PerClientProtocol
 
 PREDICTIONS = ("prototype", "head")
 WEIGHTINGS = ("samples", "clients")

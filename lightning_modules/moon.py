@@ -23,18 +23,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.components.state import FrozenModel
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")
-
-
-def substate(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries under ``prefix.`` with the prefix stripped (a submodule's state)."""
-    cut = len(prefix) + 1
-    return {k[cut:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
 
 @METHODS.register("moon")
@@ -52,8 +46,8 @@ class Moon(FederatedModule):
             self.head = nn.Linear(projection_dim, self.num_classes)
         else:
             self.projection = nn.Identity()
-        self._global: dict[str, dict[str, torch.Tensor]] | None = None
-        self._previous: dict[str, dict[str, torch.Tensor]] | None = None
+        self._global: FrozenModel | None = None
+        self._previous: FrozenModel | None = None
 
     def representation(self, x: torch.Tensor) -> torch.Tensor:
         return self.projection(self.features(x))
@@ -61,21 +55,10 @@ class Moon(FederatedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.representation(x))
 
-    def representation_state(self, state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-        return {p: substate(state, p) for p in REPRESENTATION_PREFIXES}
-
-    @torch.no_grad()
-    def frozen_representation(self, states: dict[str, dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-        """The representation of x by the model whose state is ``states`` (eval mode, no grad)."""
-        modes = [(m, m.training) for m in (self.backbone, self.projection)]
-        for m, _ in modes:
-            m.eval()
-        try:
-            z = functional_call(self.backbone, states["backbone"], (x,))
-            return functional_call(self.projection, states["projection"], (z,))
-        finally:
-            for m, mode in modes:
-                m.train(mode)
+    @staticmethod
+    def frozen_representation(model: FrozenModel, x: torch.Tensor) -> torch.Tensor:
+        """The representation of x by a stored model (eval mode, no grad)."""
+        return model.run("projection", model.features(x))
 
     def contrastive_loss(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
@@ -84,8 +67,9 @@ class Moon(FederatedModule):
 
     # ---- client ----------------------------------------------------------------------------
     def on_client_start(self, ctx: ClientContext) -> None:
-        self._global = self.representation_state(ctx.global_state)
-        self._previous = ctx.state.get("previous")
+        previous = ctx.state.get("previous")
+        self._global = FrozenModel(self, ctx.global_state)
+        self._previous = None if previous is None else FrozenModel(self, previous)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -98,7 +82,7 @@ class Moon(FederatedModule):
         return loss + self.mu * self.contrastive_loss(z, z_glob, z_prev)
 
     def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        own = {k: v.detach().clone() for k, v in self.state_dict().items() if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
-        ctx.state["previous"] = self.representation_state(own)
+        ctx.state["previous"] = {k: v.detach().clone() for k, v in self.state_dict().items()
+                                 if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
         self._global = self._previous = None
         return {}

@@ -31,11 +31,11 @@ from torch import Tensor
 
 from datamodules.errors import FedbenchError
 from lightning_modules.base import ClientContext, FederatedModule
+from lightning_modules.components.client_features import client_features, evaluating
 from lightning_modules.components.npr import init_prototypes, npr_loss, npr_weight, update_prototypes
 
 NPR_VARIANTS = ("paper", "public_code")
 PROTOTYPES_KEY = "npr_prototypes"  # in ctx.state: [C, K, D] unit-norm, on the client's rank
-EXTRACT_BATCH = 256
 
 
 class NPRMixin(FederatedModule):
@@ -76,18 +76,11 @@ class NPRMixin(FederatedModule):
         return feats
 
     # ---- prototypes ----------------------------------------------------------------------
-    @torch.no_grad()
     def extract_features(self, ctx: ClientContext) -> Tensor:
         """Pooled features of all the client's training images (no augmentation), by the model
         as received, in eval mode; the module's train/eval mode is restored afterwards."""
-        was_training = self.training
-        self.eval()
-        try:
-            chunks = [self.features(ctx.data.to_float(ctx.indices[i : i + EXTRACT_BATCH])[0]).float()
-                      for i in range(0, len(ctx.indices), EXTRACT_BATCH)]
-        finally:
-            self.train(was_training)
-        return torch.cat(chunks)
+        with evaluating(self):
+            return client_features(ctx, self.features)
 
     def refresh_prototypes(self, ctx: ClientContext) -> Tensor:
         """The client's prototypes updated for this round (stored back into ``ctx.state``)."""

@@ -22,6 +22,7 @@ import torch
 
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.local_phases import KeepsLocalOptimizer
+from lightning_modules.components.state import trainable_shared_parameters
 
 
 @METHODS.register("scaffold")
@@ -35,8 +36,7 @@ class Scaffold(KeepsLocalOptimizer, FederatedModule):
         self._momentum_buffer = 0.0
 
     def controlled_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        shared = set(self.shared_keys())
-        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
+        return trainable_shared_parameters(self)
 
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}

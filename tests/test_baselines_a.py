@@ -16,13 +16,14 @@ from conftest import kill_and_resume, run_in_process
 from bench.batches import DeviceData
 from bench.federation import Federation
 from lightning_modules.base import ClientContext
+from lightning_modules.components.state import substate
 from lightning_modules.fedbabu import FedBABU
 from lightning_modules.feddyn import FedDyn
 from lightning_modules.fednh import FedNH
 from lightning_modules.fedproto import FedProto
 from lightning_modules.fedrep import FedRep
 from lightning_modules.fedrod import FedRoD
-from lightning_modules.moon import Moon, substate
+from lightning_modules.moon import Moon
 from lightning_modules.scaffold import Scaffold
 
 SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
@@ -186,8 +187,8 @@ def test_moon_negative_is_the_clients_previous_local_model(tiny_cfg, captured, m
     def start(self, ctx):
         original_start(self, ctx)
         key = (ctx.client_id, ctx.round_idx)
-        negatives[key] = None if self._previous is None else clone(self._previous["backbone"])
-        positives[key] = clone(self._global["backbone"])
+        negatives[key] = None if self._previous is None else clone(substate(self._previous.state, "backbone"))
+        positives[key] = clone(substate(self._global.state, "backbone"))
 
     def end(self, ctx):
         ends[(ctx.client_id, ctx.round_idx)] = clone(self.backbone.state_dict())
@@ -206,7 +207,7 @@ def test_moon_negative_is_the_clients_previous_local_model(tiny_cfg, captured, m
             assert same(negatives[(c, now)], ends[(c, before)])  # its own model at the end of its last round
             assert not same(negatives[(c, now)], positives[(c, now)])  # not the received global model
             checked += 1
-        assert same(fed.client_states[c]["previous"]["backbone"], ends[(c, rounds[-1])])
+        assert same(substate(fed.client_states[c]["previous"], "backbone"), ends[(c, rounds[-1])])
     assert checked >= 1
 
 

@@ -120,27 +120,6 @@ def train_params(
     return steps
 
 
-@torch.no_grad()
-def class_feature_sums(module: FederatedModule, ctx: ClientContext, normalise: bool = False,
-                       batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class sums [C, D] of the pooled features of the client's training samples (each
-    L2-normalised first if ``normalise``) and the class counts [C], computed in eval mode
-    (the module's mode is restored)."""
-    was_training = module.training
-    module.eval()
-    sums = torch.zeros(module.num_classes, module.feature_dim, device=ctx.indices.device)
-    counts = torch.zeros(module.num_classes, device=ctx.indices.device)
-    for start in range(0, len(ctx.indices), batch_size):
-        x, y = ctx.data.to_float(ctx.indices[start : start + batch_size])
-        f = module.features(x).float()
-        if normalise:
-            f = F.normalize(f, dim=1)
-        sums.index_add_(0, y, f)
-        counts += torch.bincount(y, minlength=module.num_classes).float()
-    module.train(was_training)
-    return sums, counts
-
-
 class PerClientProtocol:
     """Mixin for per-client methods: evaluation of each client's own model on its own test split.
 
