@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from datamodules.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 from lightning_modules.components.state import FrozenModel
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")
@@ -46,8 +46,6 @@ class Moon(FederatedModule):
             self.head = nn.Linear(projection_dim, self.num_classes)
         else:
             self.projection = nn.Identity()
-        self._global: FrozenModel | None = None
-        self._previous: FrozenModel | None = None
 
     def representation(self, x: torch.Tensor) -> torch.Tensor:
         return self.projection(self.features(x))
@@ -55,34 +53,33 @@ class Moon(FederatedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.representation(x))
 
-    @staticmethod
-    def frozen_representation(model: FrozenModel, x: torch.Tensor) -> torch.Tensor:
-        """The representation of x by a stored model (eval mode, no grad)."""
-        return model.run("projection", model.features(x))
-
     def contrastive_loss(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
         target = torch.zeros(len(z), dtype=torch.long, device=z.device)
         return F.cross_entropy(logits / self.temperature, target)
 
     # ---- client ----------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
+    def reference_models(self, ctx: ClientContext) -> tuple[FrozenModel, FrozenModel | None]:
+        """The received global model (positive) and the client's own previous model (negative;
+        None before its first participation), both frozen, in eval mode."""
         previous = ctx.state.get("previous")
-        self._global = FrozenModel(self, ctx.global_state)
-        self._previous = None if previous is None else FrozenModel(self, previous)
+        return FrozenModel(self, ctx.global_state), None if previous is None else FrozenModel(self, previous)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        z = self.representation(x)
-        loss = F.cross_entropy(self.head(z), y)
-        if self.client is None or self.mu == 0 or self._previous is None or self._global is None:
-            return loss
-        z_glob = self.frozen_representation(self._global, x)
-        z_prev = self.frozen_representation(self._previous, x)
-        return loss + self.mu * self.contrastive_loss(z, z_glob, z_prev)
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        positive, negative = self.reference_models(ctx)
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        def loss(batch):
+            x, y = batch
+            z = self.representation(x)
+            ce = F.cross_entropy(self.head(z), y)
+            if self.mu == 0 or negative is None:
+                return ce
+            z_glob = positive.run("projection", positive.features(x))
+            z_prev = negative.run("projection", negative.features(x))
+            return ce + self.mu * self.contrastive_loss(z, z_glob, z_prev)
+
+        return loss
+
+    def on_client_end(self, ctx: ClientContext) -> None:
         ctx.state["previous"] = {k: v.detach().clone() for k, v in self.state_dict().items()
                                  if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
-        self._global = self._previous = None
-        return {}

@@ -87,29 +87,27 @@ def test_scaffold_server_control_variate_is_the_mean_over_all_clients(tiny_cfg, 
     assert sum(float(t.abs().sum()) for t in module.c.values()) > 0  # the variates did move
 
 
+def constant_gradient_objective(g: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]):
+    """A client_objective whose loss has the constant gradient g: sum_n <g_n, p_n>."""
+    return lambda ctx: lambda batch: sum((g[n] * p).sum() for n, p in params.items())
+
+
 def test_scaffold_option_two_recovers_a_constant_gradient_under_momentum():
     """c_i+ = c_i - c + (x - y)/(K lr): with a constant gradient g and c = c_i = 0 it must equal g,
     for plain and heavy-ball SGD alike (K lr generalised to the momentum displacement)."""
     for momentum in (0.0, 0.9):
         module = Scaffold(num_classes=3, in_channels=1, backbone="simple-cnn", momentum=momentum, weight_decay=0.0)
-        ctx = hand_context(module, [0, 1, 2, 0])
-        module.client = ctx
-        module.on_client_start(ctx)
-        opt = module.configure_optimizers()
-        for group in opt.param_groups:
-            group["lr"] = 0.05
+        ctx = hand_context(module, [0, 1, 2, 0] * 5)
+        ctx.lr, ctx.batch_size, ctx.local_epochs = 0.05, 4, 1  # K = 5 local steps
         g = {n: torch.randn_like(p) for n, p in module.controlled_parameters()}
-        for _ in range(5):
-            opt.zero_grad()
-            for n, p in module.controlled_parameters():
-                p.grad = g[n].clone()
-            module.on_after_backward()
-            opt.step()
-            module.on_train_batch_end(None, None, 0)
-        extras = module.on_client_end(ctx)
+        module.client_objective = constant_gradient_objective(g, dict(module.controlled_parameters()))
+        module.train()
+        batches = module.client_batches(ctx)
+        assert len(batches) == 5
+        module.local_update(ctx, batches)
         for n, _ in module.controlled_parameters():
             torch.testing.assert_close(ctx.state["c_local"][n], g[n], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(extras[f"dc.{n}"], g[n], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(ctx.uploads[f"dc.{n}"], g[n], atol=1e-5, rtol=1e-4)
 
 
 # ---- FedDyn --------------------------------------------------------------------------------
@@ -166,14 +164,13 @@ def test_feddyn_client_linear_term_and_gradient_correction(tiny_cfg, captured, m
     module: FedDyn = fed.module
     ctx = hand_context(module, [0, 1, 2, 3])
     ctx.state["grad_memory"] = {n: torch.randn_like(p) for n, p in module.dynamic_parameters()}
-    module.client = ctx
-    module.on_client_start(ctx)
+    correct, _ = module.dynamic_regulariser(ctx)
     with torch.no_grad():
         for _, p in module.dynamic_parameters():
             p.add_(0.01)
     for _, p in module.dynamic_parameters():
         p.grad = torch.zeros_like(p)
-    module.on_after_backward()
+    correct()
     for n, p in module.dynamic_parameters():
         expected = 0.1 * (p.detach() - ctx.global_state[n]) - ctx.state["grad_memory"][n]
         torch.testing.assert_close(p.grad, expected)
@@ -182,19 +179,20 @@ def test_feddyn_client_linear_term_and_gradient_correction(tiny_cfg, captured, m
 # ---- MOON ----------------------------------------------------------------------------------
 def test_moon_negative_is_the_clients_previous_local_model(tiny_cfg, captured, monkeypatch):
     negatives, positives, ends = {}, {}, {}
-    original_start, original_end = Moon.on_client_start, Moon.on_client_end
+    original_refs, original_end = Moon.reference_models, Moon.on_client_end
 
-    def start(self, ctx):
-        original_start(self, ctx)
+    def refs(self, ctx):
+        positive, negative = original_refs(self, ctx)
         key = (ctx.client_id, ctx.round_idx)
-        negatives[key] = None if self._previous is None else clone(substate(self._previous.state, "backbone"))
-        positives[key] = clone(substate(self._global.state, "backbone"))
+        negatives[key] = None if negative is None else clone(substate(negative.state, "backbone"))
+        positives[key] = clone(substate(positive.state, "backbone"))
+        return positive, negative
 
     def end(self, ctx):
         ends[(ctx.client_id, ctx.round_idx)] = clone(self.backbone.state_dict())
         return original_end(self, ctx)
 
-    monkeypatch.setattr(Moon, "on_client_start", start)
+    monkeypatch.setattr(Moon, "reference_models", refs)
     monkeypatch.setattr(Moon, "on_client_end", end)
     fed = run(tiny_cfg, captured, **{"method.name": "moon", "fed.sample_ratio": 0.5, "fed.rounds": 4})
     checked = 0
@@ -225,9 +223,9 @@ def test_fedrep_trains_the_head_then_the_body(tiny_cfg, captured, monkeypatch):
     phases: list[dict] = []
     original_head, original_end = FedRep.train_head, FedRep.on_client_end
 
-    def train_head(self, ctx, batch_size):
+    def train_head(self, ctx):
         before_head, before_body = params(self, "head"), params(self, "backbone")
-        steps = original_head(self, ctx, batch_size)
+        steps = original_head(self, ctx)
         phases.append({"client": ctx.client_id, "round": ctx.round_idx, "steps": steps,
                        "received_body": clone(substate(ctx.global_state, "backbone")),
                        "before_head": before_head, "before_body": before_body,
@@ -296,11 +294,10 @@ def test_fedrod_generic_head_balanced_softmax_and_detached_personal_head():
     assert "head.weight" in module.shared_keys()
     labels = [0] * 6 + [1] * 3 + [2]  # class 3 absent on this client
     ctx = hand_context(module, labels)
-    module.client = ctx
-    module.on_client_start(ctx)
+    objective = module.client_objective(ctx)
     x, y = ctx.data.to_float(ctx.indices)
     module.zero_grad()
-    module.training_step((x, y), 0).backward()
+    objective((x, y)).backward()
     got = {n: p.grad.clone() for n, p in module.named_parameters()}
 
     freq = torch.bincount(torch.tensor(labels), minlength=4).double() / len(labels)
@@ -361,7 +358,8 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
     globals_after: list[torch.Tensor] = []
 
     def end(self, ctx):
-        extras = original_end(self, ctx)
+        original_end(self, ctx)
+        extras = ctx.uploads
         self.eval()
         with torch.no_grad():
             x, y = ctx.data.to_float(ctx.indices)
@@ -375,7 +373,6 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
             else:
                 assert extras["proto_count"][k] == 0
         uploads.setdefault(ctx.round_idx, []).append(clone(extras))
-        return extras
 
     def server_step(self, global_state, extras, round_idx):
         original_step(self, global_state, extras, round_idx)
