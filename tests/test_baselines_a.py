@@ -29,21 +29,6 @@ from lightning_modules.scaffold import Scaffold
 SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
 
 
-@pytest.fixture
-def captured(monkeypatch):
-    """Run experiments in process and keep the Federation (client states, module, history)."""
-    box: dict = {}
-    original = Federation.run
-
-    def run(self):
-        box["fed"] = self
-        box["initial_state"] = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        return original(self)
-
-    monkeypatch.setattr(Federation, "run", run)
-    return box
-
-
 def run(tiny_cfg, captured, **overrides) -> Federation:
     run_in_process(tiny_cfg(**{**SMALL, **overrides}))
     return captured["fed"]

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from conftest import REPO, kill_and_resume, max_state_diff, run_in_process
 
 from bench.batches import DeviceData
-from bench.federation import Federation
 from datamodules.errors import FedbenchError
 from lightning_modules.base import ClientContext
 from lightning_modules.components import prompts as P
@@ -28,20 +27,6 @@ CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 
 @pytest.fixture(scope="session")
 def text_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("text-cache"))
-
-
-@pytest.fixture
-def captured(monkeypatch):
-    """Run experiments in process and keep the Federation."""
-    box: dict = {}
-    original = Federation.run
-
-    def run(self):
-        box["fed"] = self
-        return original(self)
-
-    monkeypatch.setattr(Federation, "run", run)
-    return box
 
 
 def build(cls, text_cache, **args):

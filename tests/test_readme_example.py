@@ -7,7 +7,6 @@ import re
 import torch
 from conftest import REPO, run_in_process
 
-from bench.federation import Federation
 from lightning_modules.base import METHODS
 
 
@@ -16,7 +15,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
-def test_readme_method_trains_uploads_and_keeps_server_state(tiny_cfg, monkeypatch, tmp_path):
+def test_readme_method_trains_uploads_and_keeps_server_state(tiny_cfg, captured, monkeypatch, tmp_path):
     METHODS.names()  # load the registry, then register the example in a copy of it
     monkeypatch.setattr(METHODS, "_items", dict(METHODS._items))
     path = tmp_path / "readme_fedprior.py"
@@ -25,16 +24,8 @@ def test_readme_method_trains_uploads_and_keeps_server_state(tiny_cfg, monkeypat
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     assert METHODS.get("fedprior") is example.FedPrior
-    box: dict = {}
-    original = Federation.run
-
-    def run(self):
-        box["fed"] = self
-        return original(self)
-
-    monkeypatch.setattr(Federation, "run", run)
     record, _ = run_in_process(tiny_cfg(**{"method.name": "fedprior", "method.args": {"tau": 0.5}}))
-    fed = box["fed"]
+    fed = captured["fed"]
     expected = torch.ones(10, dtype=torch.float64)  # the prior: 1 + every sampled client's class counts
     for h in record["history"]:
         for c in h["clients"]:
