@@ -13,6 +13,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
 
+from bench.central import as_one_client
 from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.core.atomic_io import atomic_torch_save, write_json
@@ -160,17 +161,15 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
     observer = observer or RunObserver()
     observer.start(cfg, fabric.global_rank)
     try:
-        if module.runs_centrally:
-            from bench.central import train_central
-
-            history = train_central(fabric, cfg, module, train, val, test, log=observer.log)
-            protocol = "global"
+        protocol = eval_protocol(cfg, module)
+        if module.runs_centrally:  # a federation of one client holding all the training data
+            fed_cfg, clients = as_one_client(cfg, len(train.labels), device)
         else:
-            protocol = eval_protocol(cfg, module)
+            fed_cfg = cfg
             clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device)
-            fed = Federation(fabric, cfg, module, train, clients, val, test)
-            fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
-            history = fed.run()
+        fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
+        fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
+        history = fed.run()
     except BaseException:
         observer.finish(exit_code=1)
         raise

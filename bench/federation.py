@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from bench.aggregation import RoundBuffer, copy_into
 from bench.checkpoint import Checkpointer
 from bench.config import RunConfig
-from bench.core.batches import DeviceData, EpochBatches
+from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
 from bench.evaluation import evaluate_local, evaluate_sharded
@@ -19,10 +19,6 @@ from bench.metrics import METRIC_NAMES
 from lightning_modules.base import ClientContext, FederatedModule
 
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
-
-
-class NonFiniteLossError(FedbenchError):
-    pass
 
 
 def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
@@ -55,41 +51,12 @@ class RoundLog:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def local_training(fabric, module: FederatedModule, optimizer, batches: EpochBatches, epochs: int,
-                   where: str) -> int:
-    """The local loop: exactly what a Lightning Trainer does per batch, without its overhead.
-
-    Returns the number of samples trained. Non-finite losses are detected once at the end
-    (one device sync per client, not per step) and raise NonFiniteLossError.
-    """
-    nonfinite = torch.zeros((), dtype=torch.bool, device=fabric.device)
-    seen = 0
-    for epoch in range(epochs):
-        batches.set_epoch(epoch)
-        for i, batch in enumerate(batches):
-            optimizer.zero_grad(set_to_none=True)
-            with fabric.autocast():
-                loss = module.training_step(batch, i)
-            nonfinite |= ~torch.isfinite(loss.detach())
-            loss.backward()
-            module.on_after_backward()
-            optimizer.step()
-            module.on_train_batch_end(loss, batch, i)
-            seen += len(batch[1])
-    if bool(nonfinite):
-        raise NonFiniteLossError(
-            f"The loss became NaN/inf {where}. Lower method.lr, check the data normalisation, "
-            "or the method's hyperparameters."
-        )
-    return seen
-
-
 class ServerComm:
-    """What a method's server step may use to run work on one rank and share the result:
-    ``is_server`` is True on rank 0 only; ``broadcast(obj)`` returns rank 0's ``obj`` on every rank."""
+    """What a method's server side knows besides the round's inputs: ``num_clients`` in the
+    federation; ``is_server``, True on rank 0 only; ``broadcast(obj)``, rank 0's ``obj`` on every rank."""
 
-    def __init__(self, fabric) -> None:
-        self.fabric = fabric
+    def __init__(self, fabric, num_clients: int) -> None:
+        self.fabric, self.num_clients = fabric, num_clients
         self.is_server = fabric.global_rank == 0
 
     def broadcast(self, obj):
@@ -123,8 +90,7 @@ class Federation:
         self.start_round = 0
         self.checkpointer = Checkpointer(cfg, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
-        self.sampled: list[int] = []
-        module.server_comm = ServerComm(fabric)
+        module.server_comm = ServerComm(fabric, len(clients))
 
     # ---- one client ----------------------------------------------------------------------
     def load_client_model(self, c: int) -> dict:
@@ -135,34 +101,26 @@ class Federation:
         return state
 
     def train_client(self, c: int, r: int) -> tuple[float, dict[str, torch.Tensor], int, ClientContext]:
+        """Client c's local update in round r (module.client_batches, local_update, on_client_end);
+        returns its aggregation weight, its extra uploads, the samples trained and its context."""
         cfg, module = self.cfg, self.module
         state = self.load_client_model(c)
         ctx = ClientContext(
             client_id=c, round_idx=r, seed=cfg.seed, data=self.data, indices=self.clients[c].train,
             num_classes=self.num_classes, global_state=self.global_state, state=state,
             generator=torch_generator(derive_seed(cfg.seed, r, c, METHOD), self.fabric.device),
-            num_clients=len(self.clients), lr=lr_for_round(cfg, r), batch_size=cfg.fed.batch_size,
-            local_epochs=cfg.fed.local_epochs, augment=cfg.data.augment, sampled=self.sampled,
+            lr=lr_for_round(cfg, r), batch_size=cfg.fed.batch_size, local_epochs=cfg.fed.local_epochs,
+            augment=cfg.data.augment, keep_optimizer_state=cfg.fed.keep_optimizer_state,
+            autocast=self.fabric.autocast,
         )
         torch.manual_seed(derive_seed(cfg.seed, r, c, TORCH_GLOBAL))  # dropout and other global draws
-        module.client = ctx
         module.train()
-        module.on_client_start(ctx)
-        optimizer = module.configure_optimizers()
-        if cfg.fed.keep_optimizer_state and "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr_for_round(cfg, r)
-        batches = EpochBatches(self.data, ctx.indices, cfg.fed.batch_size, cfg.seed, r, c, cfg.data.augment)
-        seen = local_training(self.fabric, module, optimizer, batches, cfg.fed.local_epochs,
-                              f"in round {r}, client {c} ({cfg.method.name})")
-        extras = module.on_client_end(ctx)
-        if cfg.fed.keep_optimizer_state:
-            state["optimizer"] = optimizer.state_dict()
+        seen = module.local_update(ctx, module.client_batches(ctx))
+        module.on_client_end(ctx)
         if self.personal:
             state["personal"] = {k: self.model_state[k].clone() for k in self.personal}
         weight = float(len(ctx.indices)) if cfg.fed.weighting == "samples" else 1.0
-        return weight, extras, seen, ctx
+        return weight, ctx.uploads, seen, ctx
 
     def client_eval(self, ctx: ClientContext) -> dict[str, float] | None:
         """Per-client protocols: the client's model right after its local training, evaluated
@@ -198,7 +156,6 @@ class Federation:
         cfg, module = self.cfg, self.module
         t0 = time.perf_counter()
         sampled = sample_clients(cfg.seed, r, len(self.clients), cfg.fed.sample_ratio)
-        self.sampled = list(sampled)
         keys = self.metric_keys()
         extra_shapes = dict(module.upload_shapes())
         extra_shapes[CLIENT_METRICS] = (len(self.clients), len(keys) + 1)
@@ -214,7 +171,6 @@ class Federation:
                 train_time += time.perf_counter() - t
                 seen += n
                 scores = self.client_eval(ctx)
-                self.module.client = None
             except FedbenchError as err:
                 error = err
                 buf.mark_failure()

@@ -9,14 +9,14 @@ Its local loss on a batch is
 with KD(s, t) = -mean_i sum_{c in M} softmax(t_i / T)_c log softmax(s_i / T)_c taken over the
 missing classes only (the code's "ce" mode: softmaxes over M, no T^2).
 Inter-class balancing:
-  - class-balanced sampling: every local batch is drawn with replacement, sample i with
-    probability proportional to 1 / n_{y_i} (the code's WeightedRandomSampler); the number of
-    samples per epoch is unchanged;
+  - class-balanced sampling (``client_batches``: ``BalancedBatches``): every local batch is drawn
+    with replacement, sample i with probability proportional to 1 / n_{y_i} (the code's
+    WeightedRandomSampler); the number and sizes of the batches per epoch are the default ones;
   - feature-level augmentation: the within-class covariance Sigma of the global model's features
     on the client's data (per-class covariances averaged with weights n_c) is computed once per
     round; a sample of class c has Gaussian noise N(0, Sigma) added to its feature with
     probability 1 - n_c / max_k n_k (minority classes are augmented most, the largest never),
-    and only the CE term sees the augmented features.
+    and only the CE term sees the augmented features (``FeatureNoise``, in ``client_objective``).
 T = 2, lambda = 1, entropy weight 0.002: the public code's CIFAR-10 configuration; the seed
 paper (FedNPR) gives no values.
 
@@ -29,12 +29,17 @@ runs in train mode (batch statistics), as in the code.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from bench.core.batches import num_batches
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.global_teacher import GlobalTeacher
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, Objective
+from lightning_modules.components.client_features import client_features
+from lightning_modules.components.state import FrozenModel
 
 
 def missing_class_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, missing: torch.Tensor,
@@ -81,6 +86,43 @@ def gaussian_noise_factor(cov: torch.Tensor) -> torch.Tensor:
     return evecs * evals.clamp(min=0).sqrt().unsqueeze(0)
 
 
+class BalancedBatches:
+    """A client's class-balanced batches: per epoch as many batches, of the same sizes, as its default
+    batches, each drawn with replacement from its samples (``balanced_draw``) with its generator,
+    without augmentation."""
+
+    def __init__(self, ctx: ClientContext) -> None:
+        self.ctx, self.counts = ctx, ctx.class_counts()
+
+    def set_epoch(self, epoch: int) -> None:
+        pass  # every draw continues the client's generator
+
+    def __len__(self) -> int:
+        return num_batches(len(self.ctx.indices), self.ctx.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ctx, n, size = self.ctx, len(self.ctx.indices), self.ctx.batch_size
+        for b in range(len(self)):
+            pos = balanced_draw(ctx.labels, self.counts, min(size, n - b * size), ctx.generator)
+            yield ctx.data.to_float(ctx.indices[pos.to(ctx.indices.device)])
+
+
+@dataclass
+class FeatureNoise:
+    """Feature-level augmentation: class c's features get N(0, factor factor^T) noise with
+    probability prob[c]."""
+
+    prob: torch.Tensor  # [C]
+    factor: torch.Tensor  # [D, D]
+
+    def __call__(self, f: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        draw = torch.rand(len(y), generator=gen, device=gen.device).to(f.device)
+        mask = draw < self.prob.to(f.device)[y]
+        noise = torch.randn(len(y), f.shape[1], generator=gen, device=gen.device)
+        noise = noise.to(f.device) @ self.factor.to(f.device).T
+        return f + mask.unsqueeze(1).to(f.dtype) * noise.to(f.dtype)
+
+
 @METHODS.register("balancefl")
 class BalanceFL(FederatedModule):
     def __init__(self, *args, temperature: float = 2.0, kd_weight: float = 1.0, entropy_weight: float = 0.002,
@@ -90,60 +132,36 @@ class BalanceFL(FederatedModule):
             raise FedbenchError(f"BalanceFL's temperature must be > 0, got {temperature}.")
         self.temperature, self.kd_weight, self.entropy_weight = temperature, kd_weight, entropy_weight
         self.balanced_sampling, self.feature_augmentation = balanced_sampling, feature_augmentation
-        self._teacher: GlobalTeacher | None = None
-        self._counts = self._present = self._missing = None
-        self._aug_prob: torch.Tensor | None = None
-        self._noise_factor: torch.Tensor | None = None
 
     # ---- client ----------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
+    def client_batches(self, ctx: ClientContext) -> ClientBatches:
+        return BalancedBatches(ctx) if self.balanced_sampling else super().client_batches(ctx)
+
+    def feature_noise(self, ctx: ClientContext, teacher: FrozenModel) -> FeatureNoise:
+        """This round's augmentation: probability 1 - n_c / max_k n_k, and the within-class covariance
+        of the teacher's features of the client's data."""
         counts = ctx.class_counts()
-        self._counts = counts
-        self._present = torch.nonzero(counts > 0).flatten()
-        self._missing = torch.nonzero(counts == 0).flatten()
-        self._teacher = GlobalTeacher(self, ctx.global_state, train_mode=True)
-        self._aug_prob = self._noise_factor = None
-        if self.feature_augmentation:
-            self._aug_prob = 1.0 - counts.float() / counts.max().float()
-            feats = torch.cat([self._teacher.features(ctx.data.to_float(chunk)[0]).float()
-                               for chunk in torch.tensor_split(ctx.indices, -(-len(ctx.indices) // 256))])
-            cov = within_class_covariance(feats, ctx.labels, counts)
-            self._noise_factor = gaussian_noise_factor(cov).float()
+        feats = client_features(ctx, teacher.features, even=True)
+        cov = within_class_covariance(feats, ctx.labels, counts)
+        return FeatureNoise(1.0 - counts.float() / counts.max().float(), gaussian_noise_factor(cov).float())
 
-    def local_batch(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The class-balanced batch replacing the orchestrator's uniformly shuffled one."""
-        ctx = self.client
-        if not self.balanced_sampling or ctx is None or self._counts is None:
-            return batch
-        pos = balanced_draw(ctx.labels, self._counts, len(batch[1]), ctx.generator)
-        return ctx.data.to_float(ctx.indices[pos.to(ctx.indices.device)])
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        counts = ctx.class_counts()
+        present, missing = torch.nonzero(counts > 0).flatten(), torch.nonzero(counts == 0).flatten()
+        teacher = FrozenModel(self, ctx.global_state, train_mode=True)  # the received model
+        noise = self.feature_noise(ctx, teacher) if self.feature_augmentation else None
 
-    def augment_features(self, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._noise_factor is None or self._aug_prob is None or self.client is None:
-            return f
-        gen = self.client.generator
-        draw = torch.rand(len(y), generator=gen, device=gen.device if gen is not None else f.device).to(f.device)
-        mask = draw < self._aug_prob.to(f.device)[y]
-        noise = torch.randn(len(y), f.shape[1], generator=gen, device=gen.device if gen is not None else f.device)
-        noise = noise.to(f.device) @ self._noise_factor.to(f.device).T
-        return f + mask.unsqueeze(1).to(f.dtype) * noise.to(f.dtype)
+        def loss(batch):
+            x, y = batch
+            f = self.features(x)
+            logits = self.head(f)
+            logits_aug = self.head(noise(f, y, ctx.generator)) if noise is not None else logits
+            total = present_class_cross_entropy(logits_aug, y, present)
+            if self.kd_weight and len(missing):
+                distill = missing_class_distillation(logits, teacher.logits(x), missing, self.temperature)
+                total = total + self.kd_weight * distill
+            if self.entropy_weight:
+                total = total - self.entropy_weight * present_class_entropy(logits, present)
+            return total
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if self._teacher is None or self._present is None or self._missing is None:  # central: plain CE
-            return super().training_step(batch, batch_idx)
-        x, y = self.local_batch(batch)
-        f = self.features(x)
-        logits = self.head(f)
-        logits_aug = self.head(self.augment_features(f, y)) if self._noise_factor is not None else logits
-        loss = present_class_cross_entropy(logits_aug, y, self._present)
-        if self.kd_weight and len(self._missing):
-            teacher = self._teacher.logits(x)
-            loss = loss + self.kd_weight * missing_class_distillation(logits, teacher, self._missing, self.temperature)
-        if self.entropy_weight:
-            loss = loss - self.entropy_weight * present_class_entropy(logits, self._present)
         return loss
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._teacher = None
-        self._counts = self._present = self._missing = self._aug_prob = self._noise_factor = None
-        return {}

@@ -1,28 +1,79 @@
-"""FederatedModule: a LightningModule whose training_step is a method's local objective,
-plus the small declarative hooks the Fabric orchestrator (bench/federation.py) calls.
+"""FederatedModule: one method of the benchmark, as a LightningModule plus the per-client contract
+that the Fabric orchestrator (bench/federation.py) drives.
 
-Round life cycle of one sampled client (see bench/federation.py):
-    load global shared state (+ the client's personal tensors)
-    -> on_client_start(ctx) -> local epochs of training_step / backward / step
-    -> on_client_end(ctx) returns extra uploads -> weighted shared state goes into the sum.
-After the all-reduce: server_step(global_state, extras, round).
+A round, for each sampled client (on the rank that owns it):
+
+    load the global shared state (+ the client's personal tensors); module.train()
+    ctx     = ClientContext(...)              everything about this client and round (below)
+    batches = client_batches(ctx)             how its batches are drawn (default: EpochBatches)
+    samples = local_update(ctx, batches)      its local training (default: ``train_epochs``:
+                                              one optimizer, ctx.local_epochs passes over
+                                              ``batches`` minimising client_objective(ctx))
+    on_client_end(ctx)                        after training: put extra uploads in ctx.uploads
+    evaluate_client(ctx, evaluate)            per-client protocols only: score this client's model
+    -> the shared state (weighted) and ctx.uploads go into the round's one buffer
+
+then, on every rank after the all-reduce: server_step(global_state, summed uploads, round).
+
+Where a method says what it does:
+  training_step(batch)        the loss of a batch when it needs nothing of the client (FedAvg: CE)
+  client_objective(ctx)       the client's loss on a batch when it does (a client prior, the received
+                              model as a teacher, prototypes): called once per local update, it returns
+                              a function batch -> loss; per-client scratch lives in that closure, never
+                              on the module. Default: ``training_step``.
+  client_batches(ctx)         declares the client's batches (BalanceFL's class-balanced draws,
+                              FST-CBDG's index batches with their synthetic share)
+  local_update(ctx, batches)  replaces the default loop where local training is not one loop
+                              (FedRep: head epochs, then body epochs; Scaffold and FedDyn: a
+                              gradient correction after every backward pass via ``train_epochs``)
+  on_client_end(ctx)          after local training, with the trained model loaded
+  evaluate_client(ctx, eval)  per-client protocol: personalise, evaluate, restore (FedBABU)
+  global_logits(x)            the global protocol's scores (default eval_logits; FedRoD: its generic head)
+  upload_shapes()             shapes of the extra uploads (the same on every rank)
+  server_step(...)            after aggregation, identical inputs on every rank; ``server_comm``
+                              runs work once on rank 0 and broadcasts it (FedBM's generator)
+  server_state() / load_server_state()   server state beyond the model, for checkpoints
+  prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
+Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally.
+
+The local loop calls no Lightning hook (no on_after_backward, on_train_batch_end, ...): a step is
+zero_grad -> loss = objective(batch) under ctx.autocast() -> backward -> [after_backward] -> step.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.core.batches import DeviceData
+from bench.core.batches import DeviceData, EpochBatches
 from bench.core.errors import FedbenchError
 from bench.core.registry import Registry
 from lightning_modules.backbones import build_backbone
 
 METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules")
+
+Batch = tuple[torch.Tensor, ...]  # (inputs, one entry per sample, ...): (x, y) unless a method declares otherwise
+Objective = Callable[[Batch], torch.Tensor]  # the loss of one batch
+
+
+class NonFiniteLossError(FedbenchError):
+    pass
+
+
+class ClientBatches(Protocol):
+    """What ``client_batches`` returns: one epoch of batches per iteration (``set_epoch`` first)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Batch]: ...
 
 
 def matches_prefix(key: str, prefixes: tuple[str, ...]) -> bool:
@@ -32,7 +83,8 @@ def matches_prefix(key: str, prefixes: tuple[str, ...]) -> bool:
 
 @dataclass
 class ClientContext:
-    """What a method sees of the client it is training now."""
+    """What a method sees of the client it is training now (built by the orchestrator per client
+    and round; lives exactly as long as the client's local update)."""
 
     client_id: int
     round_idx: int
@@ -41,14 +93,15 @@ class ClientContext:
     indices: torch.Tensor  # this client's training samples (indices into data)
     num_classes: int
     global_state: dict[str, torch.Tensor]  # the shared state received this round (read only)
+    generator: torch.Generator  # for the method's own draws: derived from (seed, round, client)
     state: dict[str, Any] = field(default_factory=dict)  # persistent per-client state, kept on its rank
-    generator: torch.Generator | None = None  # for the method's own draws: derived from (seed, round, client)
-    num_clients: int = 1  # clients in the federation (Scaffold/FedDyn scale by participation)
-    lr: float = 0.0  # this round's learning rate (after the schedule)
+    lr: float = 0.01  # this round's learning rate (after the schedule)
     batch_size: int = 32
     local_epochs: int = 1
-    augment: str = "none"
-    sampled: list[int] = field(default_factory=list)  # the clients sampled this round (all ranks)
+    augment: str = "none"  # the run's data augmentation (default batches only)
+    keep_optimizer_state: bool = False  # carry the local optimizer's state over to the next round
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Fabric's precision
+    uploads: dict[str, torch.Tensor] = field(default_factory=dict)  # extra tensors sent this round (summed)
 
     @property
     def labels(self) -> torch.Tensor:
@@ -58,8 +111,39 @@ class ClientContext:
         return torch.bincount(self.labels, minlength=self.num_classes)
 
 
+def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimizer: torch.optim.Optimizer,
+               autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+               after_backward: Callable[[], None] | None = None, where: str = "") -> int:
+    """The local loop: ``epochs`` passes over ``batches``, one optimizer step per batch.
+
+    Returns the number of samples trained (``len(batch[1])`` summed). Non-finite losses are detected
+    once at the end (one device sync, not one per step) and raise NonFiniteLossError.
+    """
+    nonfinite: torch.Tensor | None = None
+    seen = 0
+    for epoch in range(epochs):
+        batches.set_epoch(epoch)
+        for batch in batches:
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = objective(batch)
+            bad = ~torch.isfinite(loss.detach())
+            nonfinite = bad if nonfinite is None else nonfinite | bad
+            loss.backward()
+            if after_backward is not None:
+                after_backward()
+            optimizer.step()
+            seen += len(batch[1])
+    if nonfinite is not None and bool(nonfinite):
+        raise NonFiniteLossError(
+            f"The loss became NaN/inf {where}. Lower method.lr, check the data normalisation, "
+            "or the method's hyperparameters."
+        )
+    return seen
+
+
 class FederatedModule(L.LightningModule):
-    """Base of every method: backbone -> pooled features -> linear head, trained with CE.
+    """Base of every method: backbone -> pooled features -> linear head, trained with CE (FedAvg).
 
     Class attributes declare the federated shape:
       personal_prefixes  state kept per client, never aggregated (FedRep's head, Local's everything)
@@ -67,6 +151,7 @@ class FederatedModule(L.LightningModule):
       protocol           default evaluation: 'global' (global model on the global test set),
                          'per_client' (each client's model on its own split) or 'local_mean' (each
                          client's model on the global test set); a run's ``fed.protocol`` overrides it
+      runs_centrally     trained as one client holding the pooled data (bench/central.py)
     """
 
     personal_prefixes: ClassVar[tuple[str, ...]] = ()
@@ -94,8 +179,11 @@ class FederatedModule(L.LightningModule):
         self.class_names = class_names
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
         self.head = self.build_head()
-        self.client: ClientContext | None = None  # set by the orchestrator while a client trains
-        self.server_comm = None  # set by the orchestrator: bench.federation.ServerComm (is_server, broadcast)
+        self.server_comm = None  # set by the orchestrator: bench.federation.ServerComm
+
+    def method_name(self) -> str:
+        """The registered name (``fedavg``), or the class name of an unregistered method."""
+        return vars(type(self)).get("registry_name", type(self).__name__)
 
     # ---- model ---------------------------------------------------------------------------
     def build_backbone(self, name: str, in_channels: int, pretrained: bool) -> tuple[nn.Module, int]:
@@ -127,12 +215,18 @@ class FederatedModule(L.LightningModule):
         aggregated state and the initial per-client parts); FedRoD scores its generic head only."""
         return self.eval_logits(x)
 
-    # ---- local objective -----------------------------------------------------------------
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    # ---- the local objective and optimizer -----------------------------------------------
+    def training_step(self, batch: Batch) -> torch.Tensor:
+        """The loss of a batch for methods whose loss needs nothing of the client."""
         x, y = batch
         return F.cross_entropy(self(x), y)
 
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        """The client's local loss (called once per local update, with the received model loaded)."""
+        return self.training_step
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The local optimizer over the parameters that require grad (its lr is set per round)."""
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]
         if hp.optimizer == "sgd":
@@ -143,7 +237,43 @@ class FederatedModule(L.LightningModule):
             return torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         raise FedbenchError(f"Unknown optimizer {hp.optimizer!r}; choose sgd, adam or adamw.")
 
-    # ---- federated hooks (defaults: FedAvg) ----------------------------------------------
+    # ---- the client's local update (defaults: FedAvg) ------------------------------------
+    def client_batches(self, ctx: ClientContext) -> ClientBatches:
+        """The client's batches: its samples reshuffled per (seed, round, client, epoch), augmented
+        as configured; a trailing batch of one sample is dropped (BatchNorm)."""
+        return EpochBatches(ctx.data, ctx.indices, ctx.batch_size, ctx.seed, ctx.round_idx, ctx.client_id,
+                            ctx.augment)
+
+    def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        """The client's local training; returns the number of samples trained."""
+        return self.train_epochs(ctx, batches, self.client_objective(ctx))
+
+    def train_epochs(self, ctx: ClientContext, batches: ClientBatches, objective: Objective,
+                     after_backward: Callable[[], None] | None = None) -> int:
+        """ctx.local_epochs passes over ``batches`` minimising ``objective`` with the local optimizer
+        (``configure_optimizers`` at ctx.lr; with ctx.keep_optimizer_state its state is restored from
+        and saved to ctx.state). ``after_backward`` may edit the gradients before each step."""
+        optimizer = self.configure_optimizers()
+        if ctx.keep_optimizer_state and "optimizer" in ctx.state:
+            optimizer.load_state_dict(ctx.state["optimizer"])
+        for group in optimizer.param_groups:
+            group["lr"] = ctx.lr
+        seen = run_epochs(batches, ctx.local_epochs, objective, optimizer, ctx.autocast, after_backward,
+                          f"in round {ctx.round_idx}, client {ctx.client_id} ({self.method_name()})")
+        if ctx.keep_optimizer_state:
+            ctx.state["optimizer"] = optimizer.state_dict()
+        return seen
+
+    def on_client_end(self, ctx: ClientContext) -> None:
+        """Runs after local training with the trained model loaded; extra uploads go in ctx.uploads."""
+
+    def evaluate_client(self, ctx: ClientContext, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Per-client protocol: return ``evaluate()`` for this client's model. Override to
+        personalise first (e.g. fine-tune a head) and restore afterwards: the state uploaded is
+        the one left after this hook."""
+        return evaluate()
+
+    # ---- federated shape and server ------------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
         """Runs once before the first round, on every rank, with the device-resident splits;
         returns the (train, val, test) the rounds use. Frozen-encoder methods return cached
@@ -160,19 +290,6 @@ class FederatedModule(L.LightningModule):
     def personal_keys(self) -> list[str]:
         return [k for k in self.state_dict() if matches_prefix(k, self.personal_prefixes)]
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        """Runs after the global state is loaded and before local training."""
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        """Runs after local training; returns extra tensors to upload (summed over clients)."""
-        return {}
-
-    def evaluate_client(self, ctx: ClientContext, evaluate) -> dict[str, float]:
-        """Per-client protocol: return ``evaluate()`` for this client's model. Override to
-        personalise first (e.g. fine-tune a head) and restore afterwards: the state uploaded is
-        the one left after this hook."""
-        return evaluate()
-
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shapes of the extra uploads, known on every rank (they share the one all-reduce)."""
         return {}
@@ -188,3 +305,4 @@ class FederatedModule(L.LightningModule):
 
     def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
         pass
+

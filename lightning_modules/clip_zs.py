@@ -4,8 +4,8 @@ Prediction: logit_scale * cos(I, T_k) with the class-prompt text features T ("a 
 CLIP's standard prompt; ``method.args.prompt`` changes it), written as a frozen linear head
 W = logit_scale * normalize(T), b = 0 on normalize(I). The head is in the state_dict but frozen
 (``frozen_prefixes``): never trained, aggregated or communicated (0 bytes per round). Local
-training is skipped outright (a client's sample list is emptied in ``on_client_start``, so no batch
-is ever built). Global protocol: every round evaluates the same zero-shot model.
+training is skipped outright (``local_update`` trains nothing, so no batch is ever built).
+Global protocol: every round evaluates the same zero-shot model.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_modules.base import METHODS, ClientContext
+from lightning_modules.base import METHODS, ClientBatches, ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import zero_shot_head
 
@@ -31,11 +31,5 @@ class ClipZeroShot(ClipFeatureModule):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(x, dim=-1)
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        ctx.indices = ctx.indices[:0]  # zero local steps; the client's weight in the (empty) average is 0
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD([nn.Parameter(torch.zeros(()))], lr=0.0)  # nothing to train; never stepped
-
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        raise RuntimeError("clip-zs has no local training")
+    def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        return 0  # nothing to train (and nothing shared: the head is frozen)

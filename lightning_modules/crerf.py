@@ -2,7 +2,7 @@
 Re-training with Federated Features", IJCAI 2022, Sec. 3-4); FedNPR's tables call it CReRF.
 
 Local training is FedAvg's. Besides, each round:
-  1. Client k, before training, computes for every class c it holds the gradient of the mean CE
+  1. Client k, before training (``local_update``), computes for every class c it holds the gradient of the mean CE
      w.r.t. the classifier (W, b) on real features of class c: features of the received global
      backbone (eval mode), classifier = the server's current re-trained classifier. The gradient
      is averaged over ``grad_repeats`` batches of ``batch_real`` random samples of the class.
@@ -35,7 +35,8 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from bench.core.seeding import SERVER, derive_seed, torch_generator
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.components.client_features import evaluating
 
 GRAD_W, GRAD_B, HOLDERS = "crerf_grad_w", "crerf_grad_b", "crerf_holders"
 
@@ -82,7 +83,6 @@ class CReRF(FederatedModule):
         k, m = self.num_classes, features_per_class
         self.register_buffer("federated_features", torch.randn(k * m, self.feature_dim, generator=gen))
         self.register_buffer("federated_labels", torch.arange(k).repeat_interleave(m), persistent=False)
-        self._upload: dict[str, torch.Tensor] = {}
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Evaluation uses the server's re-trained classifier on the global model's features."""
@@ -103,27 +103,22 @@ class CReRF(FederatedModule):
         holders = torch.zeros(k, device=device)
         weight, bias = self.retrained_head.weight.float(), self.retrained_head.bias.float()
         labels, gen = ctx.labels, ctx.generator
-        was = self.training
-        self.eval()
-        for c in torch.unique(labels).tolist():
-            members = ctx.indices[labels == c]
-            n = min(self.batch_real, len(members))
-            for _ in range(self.grad_repeats):
-                perm = torch.randperm(len(members), generator=gen, device=gen.device if gen is not None else "cpu")
-                x, y = ctx.data.to_float(members[perm[:n].to(device)])
-                gw, gb = classifier_gradient(self.features(x).float(), y, weight, bias)
-                grad_w[c] += gw / self.grad_repeats
-                grad_b[c] += gb / self.grad_repeats
-            holders[c] = 1.0
-        self.train(was)
+        with evaluating(self):
+            for c in torch.unique(labels).tolist():
+                members = ctx.indices[labels == c]
+                n = min(self.batch_real, len(members))
+                for _ in range(self.grad_repeats):
+                    perm = torch.randperm(len(members), generator=gen, device=gen.device)
+                    x, y = ctx.data.to_float(members[perm[:n].to(device)])
+                    gw, gb = classifier_gradient(self.features(x).float(), y, weight, bias)
+                    grad_w[c] += gw / self.grad_repeats
+                    grad_b[c] += gb / self.grad_repeats
+                holders[c] = 1.0
         return {GRAD_W: grad_w, GRAD_B: grad_b, HOLDERS: holders}
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._upload = self.real_feature_gradients(ctx)
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        upload, self._upload = self._upload, {}
-        return upload
+    def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        ctx.uploads.update(self.real_feature_gradients(ctx))  # step 1, with the received model
+        return super().local_update(ctx, batches)  # FedAvg's local training
 
     # ---- server ----------------------------------------------------------------------------
     def match_features(self, real_w: torch.Tensor, real_b: torch.Tensor, seen: torch.Tensor) -> None:

@@ -35,7 +35,7 @@ from torch import nn
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS
+from lightning_modules.base import METHODS, ClientContext, Objective
 from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import FeatureAttention
 from lightning_modules.components.clip_losses import clip_contrastive_loss, lmmd_loss
@@ -88,19 +88,17 @@ class Facmic(ClipFeatureModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.class_logits(self.head(x))
 
-    def draw_target(self, n: int) -> torch.Tensor:
-        """A target batch of n features, without replacement, from the client's generator."""
+    def draw_target(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """A target batch of n features, without replacement, from ``gen`` (the client's generator)."""
         pool = self.target_features
         if pool is None:
             raise FedbenchError("facmic: no target set; prepare_splits must run before training.")
-        gen = self.client.generator if self.client is not None else None
-        device = gen.device if gen is not None else pool.device
-        idx = torch.randperm(len(pool), generator=gen, device=device)[: min(n, len(pool))]
+        idx = torch.randperm(len(pool), generator=gen, device=gen.device)[: min(n, len(pool))]
         return pool[idx.to(pool.device)]
 
-    def domain_loss(self, source: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def domain_loss(self, source: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         variant = LMMD_VARIANTS[self.lmmd_variant]
-        target = self.head(self.draw_target(len(source)))
+        target = self.head(self.draw_target(len(source), gen))
         with torch.no_grad():
             probs = torch.softmax(self.class_logits(target), dim=-1)
             if variant["hard_targets"]:
@@ -108,10 +106,13 @@ class Facmic(ClipFeatureModule):
         return lmmd_loss(source, target, labels, probs, self.num_classes,
                          bandwidth=variant["bandwidth"], class_average=variant["class_average"])
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        masked = self.head(x)
-        loss = clip_contrastive_loss(masked, self.text_features[y], self.frozen_clip.logit_scale)
-        if self.lmmd_weight:
-            loss = loss + self.lmmd_weight * self.domain_loss(masked, y)
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        def loss(batch):
+            x, y = batch
+            masked = self.head(x)
+            contrastive = clip_contrastive_loss(masked, self.text_features[y], self.frozen_clip.logit_scale)
+            if not self.lmmd_weight:
+                return contrastive
+            return contrastive + self.lmmd_weight * self.domain_loss(masked, y, ctx.generator)
+
         return loss

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from lightning_modules.base import METHODS
-from lightning_modules.fedavg import FedAvg
-from lightning_modules.npr_mixin import NPRMixin
+import torch.nn.functional as F
+
+from lightning_modules.base import METHODS, ClientContext, Objective
+from lightning_modules.fednpr import NPRMethod
 
 
 @METHODS.register("fedavg-npr")
-class FedAvgNPR(NPRMixin, FedAvg):
+class FedAvgNPR(NPRMethod):
     protocol: ClassVar[str] = "per_client"
+
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))

@@ -13,10 +13,11 @@ diversity term, L_dis the BN-statistics term (``components/cgde_generator.py``);
 ``use_div``, ``use_dis`` switch terms off (ablation). Labels and conditions come from
 derive_seed(server_seed, r, -1, SERVER), server_seed a pure function of the run seed. G's state
 is then broadcast, so every rank holds the same G.
-Client: once G exists, every real batch (x, y) is concatenated with ``g_batch`` synthetic
-samples (G in eval mode, no grad; labels uniform; draws from ctx.generator, i.e. a function of
-(seed, round, client)), normalised with the data's mean/std like real images; one forward pass
-and one mean LKCC loss over the B + g_batch samples (Eq. 11, as the public code does).
+Client (``client_objective``): once G exists, every real batch (x, y) is concatenated with
+``g_batch`` synthetic samples (``with_synthetic``: G in eval mode, no grad; labels uniform; draws
+from ctx.generator, i.e. a function of (seed, round, client)), normalised with the data's mean/std
+like real images; one forward pass and one mean LKCC loss over the B + g_batch samples (Eq. 11, as
+the public code does).
 
 G is sized to the data (channels and square image size of the training split, read in
 ``prepare_splits``); it is server state, not part of the model's state_dict: it is never
@@ -45,8 +46,8 @@ from torch import nn
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
-from bench.core.seeding import METHOD, SERVER, derive_seed, torch_generator
-from lightning_modules.base import METHODS, ClientContext
+from bench.core.seeding import SERVER, derive_seed
+from lightning_modules.base import METHODS, Batch, ClientContext, Objective
 from lightning_modules.components.cgde_generator import ConceptGenerator, generate_batch, train_generator
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.fedcb import FedCB
@@ -98,7 +99,6 @@ class FedBM(FedCB):
         # a pure function of the run seed (the module is built under a seeded global stream)
         self.server_seed = int(torch.randint(0, 2**62, (1,)).item())
         self.cgde = CGDEServer()
-        self.last_loss_batch = 0  # samples the last training_step's loss averaged over (real + synthetic)
 
     # ---- the generator ---------------------------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
@@ -180,16 +180,16 @@ class FedBM(FedCB):
     # ---- local training --------------------------------------------------------------------
     def synthetic_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """g_batch normalised synthetic images and their labels, drawn from ctx.generator."""
-        rng = ctx.generator or torch_generator(derive_seed(ctx.seed, ctx.round_idx, ctx.client_id, METHOD))
-        images, labels = generate_batch(self._generator(), self.condition_distribution(), self.g_batch, rng,
-                                        noise_only=self.noise_only)
+        images, labels = generate_batch(self._generator(), self.condition_distribution(), self.g_batch,
+                                        ctx.generator, noise_only=self.noise_only)
         return self.cgde.normalise(images), labels
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        ctx = self.client
-        if ctx is not None and self.cgde.trained and self.g_batch > 0:
-            xs, ys = self.synthetic_batch(ctx)
-            x, y = torch.cat([x, xs.to(x.dtype)]), torch.cat([y, ys.to(y.device)])
-        self.last_loss_batch = len(y)
-        return self.head.loss(self.embed(x), y)
+    def with_synthetic(self, ctx: ClientContext, batch: Batch) -> Batch:
+        """Eq. 11's batch: the real one and, once G exists, g_batch synthetic samples appended."""
+        if not (self.cgde.trained and self.g_batch > 0):
+            return batch
+        (x, y), (xs, ys) = batch, self.synthetic_batch(ctx)
+        return torch.cat([x, xs.to(x.dtype)]), torch.cat([y, ys.to(y.device)])
+
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        return lambda batch: self.training_step(self.with_synthetic(ctx, batch))  # FedCB's LKCC loss

@@ -159,6 +159,6 @@ class FedCB(FederatedModule):
         """h: the L2-normalised projected feature of images ``x``."""
         return self.head.embed(self.features(x))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         return self.head.loss(self.embed(x), y)

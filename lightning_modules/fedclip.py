@@ -34,6 +34,6 @@ class FedClip(ClipFeatureModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.frozen_clip.logit_scale * F.normalize(self.head(x), dim=-1) @ self.normalized_text().T
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         return clip_contrastive_loss(self.head(x), self.text_features[y], self.frozen_clip.logit_scale)

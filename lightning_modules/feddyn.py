@@ -3,8 +3,9 @@
 Client k in round t, starting from the server model theta^{t-1}, minimises
     L_k(theta) - <g_k, theta> + (alpha / 2) ||theta - theta^{t-1}||^2
 where g_k (the paper's grad L_k(theta_k^{t-1}), zero at first) is the client's persistent linear
-term. The two extra terms are applied as the gradient correction  -g_k + alpha (theta - theta^{t-1})
-after each backward pass. After training:  g_k <- g_k - alpha (theta_k^t - theta^{t-1}).
+term. The two extra terms are applied as the gradient correction
+-g_k + alpha (theta - theta^{t-1}) after each backward pass (``train_epochs``' after_backward).
+After training:  g_k <- g_k - alpha (theta_k^t - theta^{t-1}).
 Server, after the orchestrator's average theta_avg of the round's clients:
     h^t = h^{t-1} - alpha (theta_avg - theta^{t-1}),     theta^t = theta_avg - h^t / alpha.
 The paper scales the h step by |P_t| / m (participants over all clients); like FedETF's code, on
@@ -18,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.components.state import trainable_shared_parameters
 
 
 @METHODS.register("feddyn")
@@ -31,36 +33,37 @@ class FedDyn(FederatedModule):
         # server state: h, and the previous server model theta^{t-1} (the initial model before round 0)
         self.h: dict[str, torch.Tensor] = {}
         self.previous_global = {n: p.detach().clone() for n, p in self.dynamic_parameters()}
-        self._terms: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []
 
     def dynamic_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The trainable, aggregated parameters (those FedDyn regularises)."""
-        shared = set(self.shared_keys())
-        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
+        return trainable_shared_parameters(self)
 
     # ---- client ----------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
+    def dynamic_regulariser(self, ctx: ClientContext):
+        """The function adding the gradient of the two extra terms, -g_k + alpha (theta - theta^{t-1}),
+        to every regularised gradient (after each backward pass); and the client's terms."""
         params = self.dynamic_parameters()
         if "grad_memory" not in ctx.state:
             ctx.state["grad_memory"] = {n: torch.zeros_like(p) for n, p in params}
         memory = ctx.state["grad_memory"]
-        self._terms = [(p, ctx.global_state[n], memory[n]) for n, p in params]
+        terms = [(p, ctx.global_state[n], memory[n]) for n, p in params]
 
-    def on_after_backward(self) -> None:
-        if self.client is None:  # central training: plain objective
-            return
-        for p, anchor, memory in self._terms:
-            correction = self.alpha * (p.detach() - anchor) - memory
-            if p.grad is None:
-                p.grad = correction
-            else:
-                p.grad.add_(correction)
+        def correct() -> None:
+            for p, anchor, g_k in terms:
+                correction = self.alpha * (p.detach() - anchor) - g_k
+                if p.grad is None:
+                    p.grad = correction
+                else:
+                    p.grad.add_(correction)
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        for p, anchor, memory in self._terms:
-            memory.sub_(self.alpha * (p.detach() - anchor))
-        self._terms = []
-        return {}
+        return correct, terms
+
+    def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        correct, terms = self.dynamic_regulariser(ctx)
+        seen = self.train_epochs(ctx, batches, self.client_objective(ctx), after_backward=correct)
+        for p, anchor, g_k in terms:  # g_k <- g_k - alpha (theta_k^t - theta^{t-1})
+            g_k.sub_(self.alpha * (p.detach() - anchor))
+        return seen
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 
 
 def simplex_etf(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
@@ -67,18 +67,15 @@ class FedETF(FederatedModule):
         super().__init__(*args, **kwargs)
         self.balanced = balanced
         self.head = ETFHead(self.feature_dim, self.num_classes, etf_dim or self.num_classes, etf_seed)
-        self._log_counts: torch.Tensor | None = None
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._log_counts = ctx.class_counts().clamp(min=1).float().log() if self.balanced else None
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        if not self.balanced:
+            return self.training_step
+        log_counts = ctx.class_counts().clamp(min=1).float().log()  # absent classes counted as 1
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        if self._log_counts is not None:
-            logits = logits + self._log_counts.to(device=logits.device, dtype=logits.dtype)
-        return F.cross_entropy(logits, y)
+        def balanced_feature_loss(batch):
+            x, y = batch
+            logits = self(x)
+            return F.cross_entropy(logits + log_counts.to(device=logits.device, dtype=logits.dtype), y)
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._log_counts = None
-        return {}
+        return balanced_feature_loss

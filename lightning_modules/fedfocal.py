@@ -31,6 +31,6 @@ class FedFocal(FederatedModule):
             raise FedbenchError(f"FedFocal's gamma must be >= 0, got {gamma}.")
         self.gamma = gamma
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         return focal_loss(self(x), y, self.gamma)

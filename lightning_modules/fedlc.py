@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 
 
 def calibration_margin(counts: torch.Tensor, tau: float) -> torch.Tensor:
@@ -40,17 +40,7 @@ class FedLC(FederatedModule):
         if tau < 0:
             raise FedbenchError(f"FedLC's tau must be >= 0, got {tau}.")
         self.tau = tau
-        self._counts: torch.Tensor | None = None
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._counts = ctx.class_counts()
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        if self.client is None or self._counts is None:  # central training: no client label skew
-            return F.cross_entropy(self(x), y)
-        return calibrated_cross_entropy(self(x), y, self._counts, self.tau)
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._counts = None
-        return {}
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        counts = ctx.class_counts()
+        return lambda batch: calibrated_cross_entropy(self(batch[0]), batch[1], counts, self.tau)

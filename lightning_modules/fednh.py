@@ -23,7 +23,7 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.local_phases import class_feature_sums
+from lightning_modules.components.client_features import class_feature_sums
 
 
 def uniform_prototypes(num_classes: int, dim: int, seed: int) -> torch.Tensor:
@@ -63,10 +63,10 @@ class FedNH(FederatedModule):
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"proto_sum": (self.num_classes, self.feature_dim), "proto_count": (self.num_classes,)}
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+    def on_client_end(self, ctx: ClientContext) -> None:
         sums, counts = class_feature_sums(self, ctx, normalise=True)
         means = F.normalize(sums / counts.clamp(min=1).unsqueeze(1), dim=1)  # absent classes: zero rows
-        return {"proto_sum": means * counts.unsqueeze(1), "proto_count": counts}
+        ctx.uploads.update(proto_sum=means * counts.unsqueeze(1), proto_count=counts)
 
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
         counts = extras["proto_count"]

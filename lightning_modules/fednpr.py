@@ -1,55 +1,124 @@
-"""FedNPR (Wicaksana et al.): balanced softmax + non-parametric regularisation, FedAvg aggregation.
+"""FedNPR (Wicaksana et al.): balanced softmax + non-parametric regularisation (NPR), FedAvg aggregation.
 
-Local objective (Eq. 5): ``BSM + lambda * NPR``. BSM (Eq. 4) is the cross-entropy of the logits
-shifted by the log of the client's own class frequencies (computed at the start of each round
-from the client's training labels); evaluation uses the plain logits (``eval_logits`` is the
-base's ``self(x)``). NPR comes from :class:`~lightning_modules.npr_mixin.NPRMixin`. Every
-parameter and buffer is averaged, weighted by sample counts (Eq. 6). Protocol ``per_client``:
+Each sampled client, from the received model (``client_objective``):
+  1. its class log prior log(n_c / n) from its own training labels (for BSM, Eq. 4);
+  2. its K prototypes per class (persistent per-client state ``ctx.state["npr_prototypes"]``,
+     [C, K, D] unit-norm, random directions from the client's generator the first time): the L2-
+     normalised pooled features of all its training images, extracted by the received model in eval
+     mode without gradient and without augmentation, are assigned to sub-clusters by the Sinkhorn
+     equipartition of Eq. 1, and each prototype becomes the normalised mean of its members (Eq. 2);
+     a sub-cluster with no member keeps its prototype;
+  3. local loss (Eq. 5):  BSM(head(f), y) + lambda * NPR(f, y)  on the pooled features f of each
+     batch (one forward pass), where BSM (Eq. 4) is the cross-entropy of the logits shifted by the
+     log prior and NPR (Eq. 3) the cross-entropy over per-sample standardised class scores, a class
+     scoring the best cosine among its K prototypes; the prototypes are detached constants, so NPR's
+     gradient reaches the backbone only.
+Server: every parameter and buffer averaged, weighted by sample counts (Eq. 6); FedNPR-Per keeps the
+classifier per client instead (Eq. 7, fednpr_per.py). Evaluation uses the plain logits, per client:
 each client's model right after its local training, on its own stratified test split.
+
+Deviations and choices: the prototypes are refreshed at the start of a client's round from the
+model it received (the paper updates them "at each training round" from the latest features); the
+per-sample standardisation of the scores is a LayerNorm without affine over the classes (the public
+code's). ``npr_variant="public_code"`` (methods ``fednpr-code``, ``fednpr-per-code``) reproduces what
+the authors' public code effectively does: an NPR weight of 1 (it adds lambda as a constant) and
+uniformly random sub-cluster assignments. With ``lam: 0`` (paper variant) NPR is skipped entirely.
+
+NPR composes with any method whose loss can be written on pooled features: a method with
+``NPRMethod`` as a base gets the NPR options and ``self.npr``, and adds it in its objective,
+``self.npr.objective(self, ctx, feature_loss)`` (FedAvg+NPR in fedavg_npr.py; README, "Adding a method").
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from bench.core.errors import FedbenchError
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
-from lightning_modules.npr_mixin import NPRMixin
+from lightning_modules.components.client_features import client_features, evaluating
+from lightning_modules.components.npr import init_prototypes, npr_loss, npr_weight, update_prototypes
+
+NPR_VARIANTS = ("paper", "public_code")
+PROTOTYPES_KEY = "npr_prototypes"  # in ctx.state: [C, K, D] unit-norm, on the client's rank
+FeatureLoss = Callable[[Tensor, Tensor], Tensor]  # (pooled features, labels) -> loss
 
 
-class BalancedSoftmax(FederatedModule):
-    """Local loss = CE(logits + log client prior); plain logits at test. Not registered by itself.
+@dataclass(frozen=True)
+class NPRegulariser:
+    """FedNPR's NPR (Sec. 3.3) for any host loss on pooled features."""
 
-    Without a client (central training) the loss is plain cross-entropy.
-    """
+    num_subclusters: int = 4
+    lam: float = 0.1
+    sinkhorn_eps: float = 0.05
+    sinkhorn_iters: int = 100
+    variant: str = "paper"
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __post_init__(self) -> None:
+        if self.variant not in NPR_VARIANTS:
+            raise FedbenchError(f"npr_variant must be one of {NPR_VARIANTS}, got {self.variant!r}.")
+        if self.num_subclusters < 1:
+            raise FedbenchError(f"num_subclusters must be >= 1, got {self.num_subclusters}.")
+        if self.lam < 0 or self.sinkhorn_eps <= 0 or self.sinkhorn_iters < 0:
+            raise FedbenchError(f"need lam >= 0, sinkhorn_eps > 0 and sinkhorn_iters >= 0; got lam={self.lam}, "
+                                f"sinkhorn_eps={self.sinkhorn_eps}, sinkhorn_iters={self.sinkhorn_iters}.")
+
+    @property
+    def weight(self) -> float:
+        """Weight of NPR in the local loss: ``lam`` (paper) or 1 (public code)."""
+        return npr_weight(self.variant, self.lam)
+
+    def client_prototypes(self, module: FederatedModule, ctx: ClientContext) -> Tensor:
+        """The client's prototypes refreshed for this round (Eqs. 1-2; stored back into ctx.state)."""
+        protos = ctx.state.get(PROTOTYPES_KEY)
+        if protos is None:
+            protos = init_prototypes(module.num_classes, self.num_subclusters, module.feature_dim,
+                                     generator=ctx.generator, device=ctx.data.labels.device)
+        with evaluating(module):
+            feats = client_features(ctx, module.features)
+        protos = update_prototypes(feats, ctx.labels, protos, self.sinkhorn_eps, self.sinkhorn_iters,
+                                   self.variant, ctx.generator)
+        ctx.state[PROTOTYPES_KEY] = protos
+        return protos
+
+    def objective(self, module: FederatedModule, ctx: ClientContext, feature_loss: FeatureLoss) -> Objective:
+        """The client's objective  feature_loss(f, y) + weight * NPR(f, y),  f = module.features(x)."""
+        if self.weight == 0:
+            return lambda batch: feature_loss(module.features(batch[0]), batch[1])
+        prototypes = self.client_prototypes(module, ctx)
+
+        def loss(batch):
+            x, y = batch
+            f = module.features(x)
+            return feature_loss(f, y) + self.weight * npr_loss(f, y, prototypes)
+
+        return loss
+
+
+class NPRMethod(FederatedModule):
+    """A method with NPR's options (``method.args``: num_subclusters K, lam, sinkhorn_eps,
+    sinkhorn_iters, npr_variant) and its regulariser ``self.npr``. It overrides no hook: the
+    method adds NPR to its own objective explicitly."""
+
+    def __init__(self, *args, num_subclusters: int = 4, lam: float = 0.1, sinkhorn_eps: float = 0.05,
+                 sinkhorn_iters: int = 100, npr_variant: str = "paper", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.log_prior: Tensor | None = None  # the training client's, a plain attribute (not state)
-
-    def on_client_start(self, ctx: ClientContext) -> None:
-        super().on_client_start(ctx)
-        self.log_prior = class_log_prior(ctx.labels, self.num_classes)
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, Tensor]:
-        self.log_prior = None
-        return super().on_client_end(ctx)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        logits = self(x)
-        if self.client is None or self.log_prior is None:
-            return F.cross_entropy(logits, y)
-        return balanced_softmax_loss(logits, y, self.log_prior)
+        self.npr = NPRegulariser(int(num_subclusters), float(lam), float(sinkhorn_eps), int(sinkhorn_iters),
+                                 npr_variant)
 
 
 @METHODS.register("fednpr")
-class FedNPR(NPRMixin, BalancedSoftmax):
+class FedNPR(NPRMethod):
     """FedNPR: BSM + NPR locally, every tensor averaged."""
 
     protocol: ClassVar[str] = "per_client"
+
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        log_prior = class_log_prior(ctx.labels, self.num_classes)
+        return self.npr.objective(self, ctx, lambda f, y: balanced_softmax_loss(self.head(f), y, log_prior))
 
 
 @METHODS.register("fednpr-code")

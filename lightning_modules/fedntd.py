@@ -9,7 +9,7 @@ class is learned from the labels alone.
 beta = 1, tau = 1: the authors' config (config/fedntd.json); no seed paper states other values.
 As in the public code there is no tau^2 factor, and the teacher is the received global model
 in eval mode (the code deep-copies the model after its evaluation pass). Here the teacher runs
-the live modules on the received state tensors (``GlobalTeacher``): nothing is copied.
+the live modules on the received state tensors (``FrozenModel``): nothing is copied.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.global_teacher import GlobalTeacher
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
+from lightning_modules.components.state import FrozenModel
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -43,19 +43,15 @@ class FedNTD(FederatedModule):
         if self.num_classes < 2:
             raise FedbenchError("FedNTD needs at least two classes.")
         self.beta, self.tau = beta, tau
-        self._teacher: GlobalTeacher | None = None
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._teacher = GlobalTeacher(self, ctx.global_state)
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        if self.beta == 0:
+            return self.training_step
+        teacher = FrozenModel(self, ctx.global_state)  # the received global model, eval mode
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        if self._teacher is None or self.beta == 0:  # central training: no global model
-            return loss
-        return loss + self.beta * ntd_loss(logits, self._teacher.logits(x), y, self.tau)
+        def loss(batch):
+            x, y = batch
+            logits = self(x)
+            return F.cross_entropy(logits, y) + self.beta * ntd_loss(logits, teacher.logits(x), y, self.tau)
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._teacher = None
-        return {}
+        return loss

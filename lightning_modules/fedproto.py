@@ -23,15 +23,16 @@ import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.local_phases import PerClientProtocol, class_feature_sums
+from lightning_modules.components.client_features import class_feature_sums
 
 PREDICTIONS = ("prototype", "head")
 WEIGHTINGS = ("samples", "clients")
 
 
 @METHODS.register("fedproto")
-class FedProto(PerClientProtocol, FederatedModule):
+class FedProto(FederatedModule):
     personal_prefixes = ("",)
+    protocol = "per_client"
 
     def __init__(self, *args, lam: float = 1.0, predict: str = "prototype", weighting: str = "samples",
                  **kwargs) -> None:
@@ -55,11 +56,11 @@ class FedProto(PerClientProtocol, FederatedModule):
         known = self.has_prototype.to(f.device)[y].unsqueeze(1)
         return ((f - protos) * known).pow(2).sum() / f.numel()
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         f = self.features(x)
         loss = F.cross_entropy(self.head(f), y)
-        if self.client is None or self.lam == 0 or not self.prototypes_ready:
+        if self.lam == 0 or not self.prototypes_ready:
             return loss
         return loss + self.lam * self.prototype_loss(f, y)
 
@@ -71,11 +72,11 @@ class FedProto(PerClientProtocol, FederatedModule):
         mse = (f.unsqueeze(1) - protos.unsqueeze(0)).pow(2).mean(2)
         return (-mse).masked_fill(~self.has_prototype.to(f.device).unsqueeze(0), float("-inf"))
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+    def on_client_end(self, ctx: ClientContext) -> None:
         sums, counts = class_feature_sums(self, ctx)
         present = (counts > 0).float()
-        return {"proto_sum": sums, "proto_count": counts,
-                "proto_mean_sum": sums / counts.clamp(min=1).unsqueeze(1), "proto_clients": present}
+        ctx.uploads.update(proto_sum=sums, proto_count=counts,
+                           proto_mean_sum=sums / counts.clamp(min=1).unsqueeze(1), proto_clients=present)
 
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
         if self.weighting == "samples":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_modules.base import METHODS, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 
 
 @METHODS.register("fedprox")
@@ -12,13 +12,14 @@ class FedProx(FederatedModule):
         super().__init__(*args, **kwargs)
         self.mu = mu
 
-    def proximal_term(self) -> torch.Tensor:
-        glob = self.client.global_state
-        terms = [(p - glob[name]).pow(2).sum() for name, p in self.named_parameters() if p.requires_grad and name in glob]
-        return 0.5 * self.mu * torch.stack(terms).sum()
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        if self.mu == 0:
+            return self.training_step
+        anchors = [(p, ctx.global_state[n]) for n, p in self.named_parameters()
+                   if p.requires_grad and n in ctx.global_state]
 
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        if self.client is None or self.mu == 0:  # central training has no global model to stay close to
-            return loss
-        return loss + self.proximal_term()
+        def loss(batch):
+            ce = self.training_step(batch)
+            return ce + 0.5 * self.mu * torch.stack([(p - w).pow(2).sum() for p, w in anchors]).sum()
+
+        return loss

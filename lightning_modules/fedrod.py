@@ -23,42 +23,35 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
-from lightning_modules.components.local_phases import PerClientProtocol
 
 
 @METHODS.register("fedrod")
-class FedRoD(PerClientProtocol, FederatedModule):
+class FedRoD(FederatedModule):
     personal_prefixes = ("p_head",)
+    protocol = "per_client"
 
     def __init__(self, *args, gamma: float = 1.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gamma = gamma
         self.p_head = copy.deepcopy(self.head)
-        self._log_prior: torch.Tensor | None = None
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._log_prior = self.gamma * class_log_prior(ctx.labels, self.num_classes)
+    def feature_loss(self, ctx: ClientContext):
+        """The client's loss on pooled features f: generic balanced-softmax loss + personalised CE."""
+        log_prior = self.gamma * class_log_prior(ctx.labels, self.num_classes)
 
-    def losses(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(generic balanced-softmax loss, personalised CE loss) of a batch."""
-        f = self.features(x)
-        generic = self.head(f)
-        if self.client is None or self._log_prior is None:  # central training: no client prior
-            loss_g = F.cross_entropy(generic, y)
-        else:
-            loss_g = balanced_softmax_loss(generic, y, self._log_prior)
-        loss_p = F.cross_entropy(generic.detach() + self.p_head(f.detach()), y)
-        return loss_g, loss_p
+        def loss(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            generic = self.head(f)
+            loss_g = balanced_softmax_loss(generic, y, log_prior)
+            loss_p = F.cross_entropy(generic.detach() + self.p_head(f.detach()), y)
+            return loss_g + loss_p
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss_g, loss_p = self.losses(*batch)
-        return loss_g + loss_p
+        return loss
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._log_prior = None
-        return {}
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        loss = self.feature_loss(ctx)
+        return lambda batch: loss(self.features(batch[0]), batch[1])
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         f = self.features(x)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
 
 
 def restriction_scales(counts: torch.Tensor, alpha: float, proportional: bool = False) -> torch.Tensor:
@@ -36,21 +36,11 @@ class FedRS(FederatedModule):
         if not 0.0 <= alpha <= 1.0:
             raise FedbenchError(f"FedRS's alpha must be in [0, 1], got {alpha}.")
         self.alpha, self.proportional = alpha, proportional
-        self._scales: torch.Tensor | None = None
 
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._scales = restriction_scales(ctx.class_counts(), self.alpha, self.proportional)
-
-    def restricted_logits(self, x: torch.Tensor) -> torch.Tensor:
+    def restricted_logits(self, x: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         logits = self(x)
-        if self._scales is None:
-            return logits
-        return logits * self._scales.to(device=logits.device, dtype=logits.dtype)
+        return logits * scales.to(device=logits.device, dtype=logits.dtype)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self.restricted_logits(x), y)
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        self._scales = None
-        return {}
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        scales = restriction_scales(ctx.class_counts(), self.alpha, self.proportional)
+        return lambda batch: F.cross_entropy(self.restricted_logits(batch[0], scales), batch[1])

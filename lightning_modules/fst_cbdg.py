@@ -1,10 +1,10 @@
 """FST-CBDG (Yan & Guo, 2024): federated self-training with class-balanced data generation.
 
-Unsupervised: no label is read in training. ``prepare_splits`` replaces the training split's labels
-by the sample indices (arange), so a batch's second tensor says which sample a row is (to find its
-soft pseudo-label) and nothing else. Nor is a label used for model selection: the labeled
-validation split is dropped, so the run's reported ("best") metrics are the final round's test
-metrics, not those of the best-validation round. The test split keeps its labels for evaluation.
+Unsupervised: no training label is read (the batches carry sample positions, never labels; a test
+scrambles the training labels and gets the identical model). Nor is a label used for model
+selection: the labeled validation split is dropped, so the run's reported ("best") metrics are the
+final round's test metrics, not those of the best-validation round. The test split keeps its labels
+for evaluation.
 
 Model: f(I) = softmax(W normalize(I) + b) on frozen CLIP features, W initialised from the
 L2-normalised class text features ("a photo of a {class}."), b = 0 (Algorithm 1, lines 1-6); so the
@@ -13,11 +13,12 @@ initial head predicts exactly zero-shot CLIP's classes. Only (W, b) is trained a
 Per client (Algorithm 1, lines 10-20):
   q_j (persistent per-client state, one row per sample) starts at the zero-shot probabilities
   p_j = softmax(normalize(I_j) . normalize(T_k)) (Eq. 2, no temperature) the first time the client
-  is sampled. At each local epoch start the client counts its images per argmax pseudo-label m_k and
-  draws n_k = (1 + gamma) m_max - m_k synthetic features z ~ N(normalize(T_k), sigma^2 I) per class
-  (Eqs. 5, 7), shuffled; the epoch's batches share them out in proportion to the real samples seen.
-  Per batch: q_j <- beta q_j + (1 - beta) f(I_j) (Eq. 4, with the current head, before the step);
-  loss = L_iST(f(I), q) (Eq. 3) + lambda L_tSamp(f(z), k) (Eq. 6); SGD step.
+  is sampled. Its batches (``client_batches``, ``SelfTrainingBatches``): at each local epoch start
+  the client counts its images per argmax pseudo-label m_k and draws n_k = (1 + gamma) m_max - m_k
+  synthetic features z ~ N(normalize(T_k), sigma^2 I) per class (Eqs. 5, 7), shuffled; the epoch's
+  batches of real samples (the default shuffling) share them out in proportion to the real samples
+  seen. Per batch (``client_objective``): q_j <- beta q_j + (1 - beta) f(I_j) (Eq. 4, with the
+  current head, before the step); loss = L_iST(f(I), q) (Eq. 3) + lambda L_tSamp(f(z), k) (Eq. 6).
 
 Options (``method.args``), paper defaults: beta 0.9, gamma 0, lambda 1 (``tsamp_weight``).
   sigma           not given by the paper. A float, or 'auto' (default): each client estimates it at
@@ -31,15 +32,16 @@ The paper's optimiser (SGD lr 0.01, momentum 0.9, weight decay 1e-5) comes from 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.core.batches import DeviceData
+from bench.core.batches import DeviceData, EpochBatches
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext
+from lightning_modules.base import METHODS, ClientContext, Objective
 from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import zero_shot_head
 from lightning_modules.components.fst_cbdg import (
@@ -73,7 +75,6 @@ class FstCbdg(ClipFeatureModule):
         super().__init__(*args, **kwargs)
         self.beta, self.gamma, self.tsamp_weight = beta, gamma, tsamp_weight
         self.sigma, self.tsamp_reduction = sigma, tsamp_reduction
-        self._epoch: dict = {}  # this client's synthetic pool for the current local epoch (not state)
 
     # ---- model -----------------------------------------------------------------------------
     def build_head(self) -> nn.Module:
@@ -86,59 +87,74 @@ class FstCbdg(ClipFeatureModule):
         """Eq. 2: softmax over classes of normalize(I) . normalize(T_k) (no temperature)."""
         return torch.softmax(F.normalize(feats, dim=-1) @ self.normalized_text().T, dim=-1)
 
-    # ---- data: labels out --------------------------------------------------------------------
+    # ---- data: no label for model selection -------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
         train, val, test = super().prepare_splits(train, val, test)
-        index = torch.arange(len(train.labels), device=train.labels.device)
-        return DeviceData(train.images, index, train.mean, train.std), None, test  # no train or val labels
+        return train, None, test  # no labeled val split
 
     # ---- client --------------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
-        order = torch.argsort(ctx.indices)
+    def soft_labels(self, ctx: ClientContext) -> torch.Tensor:
+        """The client's q [n, K] (rows in the order of ctx.indices), zero-shot the first time (Eq. 2)."""
         if "q" not in ctx.state:
             ctx.state["q"] = self.zero_shot_probs(ctx.data.images[ctx.indices]).detach()
-        self._epoch = {"order": order, "sorted": ctx.indices[order]}
-
-    def rows_of(self, sample_ids: torch.Tensor) -> torch.Tensor:
-        """Positions in the client's sample list (and q) of the batch's sample indices."""
-        e = self._epoch
-        return e["order"][torch.searchsorted(e["sorted"], sample_ids)]
+        return ctx.state["q"]
 
     def client_sigma(self, ctx: ClientContext, pseudo: torch.Tensor) -> float:
         if self.sigma != "auto":
             return float(self.sigma)
         return estimate_sigma(ctx.data.images[ctx.indices], self.text_features, pseudo)
 
-    def new_synthetic_pool(self, ctx: ClientContext) -> None:
-        """Eqs. 5 and 7 for this local epoch, from the client's current pseudo-labels."""
-        pseudo = ctx.state["q"].argmax(dim=1)
+    def synthetic_pool(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eqs. 5 and 7 for one local epoch, from the client's current pseudo-labels, shuffled."""
+        pseudo = self.soft_labels(ctx).argmax(dim=1)
         counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
         sigma = self.client_sigma(ctx, pseudo)
         z, z_labels = sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
         perm = torch.randperm(len(z_labels), generator=ctx.generator, device=ctx.generator.device).to(z.device)
-        self._epoch.update(z=z[perm], z_labels=z_labels[perm], seen=0, sigma=sigma)
+        return z[perm], z_labels[perm]
 
-    def synthetic_share(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next slice of the epoch's pool, in proportion to the real samples seen so far."""
-        e = self._epoch
-        total, n = len(e["z_labels"]), len(self.client.indices)
-        start, end = e["seen"] * total // n, (e["seen"] + batch_size) * total // n
-        e["seen"] += batch_size
-        return e["z"][start:end], e["z_labels"][start:end]
+    def client_batches(self, ctx: ClientContext) -> SelfTrainingBatches:
+        self.soft_labels(ctx)
+        return SelfTrainingBatches(self, ctx, super().client_batches(ctx))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        ctx = self.client
-        if ctx is None:
-            raise FedbenchError("fst-cbdg trains only federated (its pseudo-labels are per-client state).")
-        x, sample_ids = batch  # sample indices, never labels (see prepare_splits)
-        if batch_idx == 0:
-            self.new_synthetic_pool(ctx)
-        logits = self(x)
-        rows = self.rows_of(sample_ids)
-        q = update_soft_labels(ctx.state["q"][rows], torch.softmax(logits, dim=-1), self.beta)  # Eq. 4
-        ctx.state["q"][rows] = q
-        loss = self_training_loss(logits, q)  # Eq. 3
-        z, z_labels = self.synthetic_share(len(sample_ids))
-        if self.tsamp_weight:
-            loss = loss + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels, self.tsamp_reduction)
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        q = self.soft_labels(ctx)
+
+        def loss(batch):
+            x, rows, z, z_labels = batch
+            logits = self(x)
+            q_rows = update_soft_labels(q[rows], torch.softmax(logits, dim=-1), self.beta)  # Eq. 4
+            q[rows] = q_rows
+            total = self_training_loss(logits, q_rows)  # Eq. 3
+            if self.tsamp_weight:
+                total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels, self.tsamp_reduction)
+            return total
+
         return loss
+
+
+class SelfTrainingBatches:
+    """FST-CBDG's batches of one client: (features, rows, z, z_labels). ``rows`` are the samples'
+    positions in the client's list (rows of q), (z, z_labels) the batch's share of the epoch's
+    synthetic pool, drawn when the epoch starts; the real samples are the default batches'."""
+
+    def __init__(self, module: FstCbdg, ctx: ClientContext, epochs: EpochBatches) -> None:
+        self.module, self.ctx, self.epochs = module, ctx, epochs
+        self.order = torch.argsort(ctx.indices)
+        self.sorted = ctx.indices[self.order]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.epochs)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        ctx = self.ctx
+        z, z_labels = self.module.synthetic_pool(ctx)
+        total, n, seen = len(z_labels), len(ctx.indices), 0
+        for idx in self.epochs.index_batches():
+            rows = self.order[torch.searchsorted(self.sorted, idx)]
+            start, end = seen * total // n, (seen + len(idx)) * total // n
+            seen += len(idx)
+            yield ctx.data.to_float(idx)[0], rows, z[start:end], z_labels[start:end]

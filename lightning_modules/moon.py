@@ -23,18 +23,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
+from lightning_modules.components.state import FrozenModel
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")
-
-
-def substate(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries under ``prefix.`` with the prefix stripped (a submodule's state)."""
-    cut = len(prefix) + 1
-    return {k[cut:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
 
 @METHODS.register("moon")
@@ -52,8 +46,6 @@ class Moon(FederatedModule):
             self.head = nn.Linear(projection_dim, self.num_classes)
         else:
             self.projection = nn.Identity()
-        self._global: dict[str, dict[str, torch.Tensor]] | None = None
-        self._previous: dict[str, dict[str, torch.Tensor]] | None = None
 
     def representation(self, x: torch.Tensor) -> torch.Tensor:
         return self.projection(self.features(x))
@@ -61,44 +53,33 @@ class Moon(FederatedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.representation(x))
 
-    def representation_state(self, state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-        return {p: substate(state, p) for p in REPRESENTATION_PREFIXES}
-
-    @torch.no_grad()
-    def frozen_representation(self, states: dict[str, dict[str, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-        """The representation of x by the model whose state is ``states`` (eval mode, no grad)."""
-        modes = [(m, m.training) for m in (self.backbone, self.projection)]
-        for m, _ in modes:
-            m.eval()
-        try:
-            z = functional_call(self.backbone, states["backbone"], (x,))
-            return functional_call(self.projection, states["projection"], (z,))
-        finally:
-            for m, mode in modes:
-                m.train(mode)
-
     def contrastive_loss(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
         logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
         target = torch.zeros(len(z), dtype=torch.long, device=z.device)
         return F.cross_entropy(logits / self.temperature, target)
 
     # ---- client ----------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
-        self._global = self.representation_state(ctx.global_state)
-        self._previous = ctx.state.get("previous")
+    def reference_models(self, ctx: ClientContext) -> tuple[FrozenModel, FrozenModel | None]:
+        """The received global model (positive) and the client's own previous model (negative;
+        None before its first participation), both frozen, in eval mode."""
+        previous = ctx.state.get("previous")
+        return FrozenModel(self, ctx.global_state), None if previous is None else FrozenModel(self, previous)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        z = self.representation(x)
-        loss = F.cross_entropy(self.head(z), y)
-        if self.client is None or self.mu == 0 or self._previous is None or self._global is None:
-            return loss
-        z_glob = self.frozen_representation(self._global, x)
-        z_prev = self.frozen_representation(self._previous, x)
-        return loss + self.mu * self.contrastive_loss(z, z_glob, z_prev)
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        positive, negative = self.reference_models(ctx)
 
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
-        own = {k: v.detach().clone() for k, v in self.state_dict().items() if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
-        ctx.state["previous"] = self.representation_state(own)
-        self._global = self._previous = None
-        return {}
+        def loss(batch):
+            x, y = batch
+            z = self.representation(x)
+            ce = F.cross_entropy(self.head(z), y)
+            if self.mu == 0 or negative is None:
+                return ce
+            z_glob = positive.run("projection", positive.features(x))
+            z_prev = negative.run("projection", negative.features(x))
+            return ce + self.mu * self.contrastive_loss(z, z_glob, z_prev)
+
+        return loss
+
+    def on_client_end(self, ctx: ClientContext) -> None:
+        ctx.state["previous"] = {k: v.detach().clone() for k, v in self.state_dict().items()
+                                 if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}

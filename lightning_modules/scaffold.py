@@ -1,118 +1,106 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1 with option II), server learning rate 1.
 
-Client i keeps its control variate c_i (zero at first); the server keeps c. Every local step
-uses the corrected gradient  g + c - c_i  (added after backward). After K local steps of size lr:
-    c_i+ = c_i - c + (x - y_i) / (K lr)          (option II; x = received model, y_i = trained one)
-and the client uploads delta c_i = c_i+ - c_i in the round's flat buffer. The server model is the
-orchestrator's average; the server control variate moves by (|S|/N) mean_S(delta c_i), i.e. it is
-the mean of the clients' c_i (all start at zero).
+Client i keeps its control variate c_i (zero at first); the server keeps c (zero at first).
+Client i's local update from the received model x:
+    K local steps  y_i <- y_i - lr (g_i(y_i) - c_i + c)        (the correction c - c_i is added to
+                                                                 the gradient after each backward)
+    c_i+ = c_i - c + (x - y_i) / (K lr)                          (option II)
+    upload delta c_i = c_i+ - c_i in the round's flat buffer;  c_i <- c_i+
+Server: x is the orchestrator's average (global learning rate 1) and
+    c <- c + (1/N) sum_{i in S} delta c_i                        (N = all clients in the federation)
+so c is the sum of all clients' c_i divided by N (clients not yet sampled count with c_i = 0).
 
-Two choices the paper leaves open:
-- N (all clients) is not given to a method by the core, so c is kept as the mean of the c_i of
-  the clients that have taken part so far (each first participation is counted through the
-  buffer). With full participation, or once every client has taken part, this is exactly the
-  paper's c; before that, the paper's c is this mean times (clients seen / N).
-- Local SGD with (heavy-ball) momentum moves the weights by more than K * lr per unit gradient,
-  which would make option II unstable; ``K lr`` is therefore generalised to the displacement a
-  constant unit gradient produces under the optimizer's momentum in these K steps (exactly K lr
-  for plain SGD; the count restarts each round, so with fed.keep_optimizer_state the carried-over
-  momentum is not counted). Adam is treated as plain SGD here.
+Deviation: local SGD with (heavy-ball) momentum moves the weights by more than K lr per unit
+gradient, which would make option II unstable; ``K lr`` is therefore generalised to the
+displacement a constant unit gradient produces under the optimizer's momentum in these K steps
+(exactly K lr for plain SGD; the count restarts each round, so with fed.keep_optimizer_state the
+carried-over momentum is not counted). Adam is treated as plain SGD here.
 No hyperparameters (FedBM Sec. IV-B runs Scaffold with the common FedAvg settings).
 """
 from __future__ import annotations
 
 import torch
 
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
-from lightning_modules.components.local_phases import KeepsLocalOptimizer
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.components.state import trainable_shared_parameters
 
-NEW_CLIENTS = "new_clients"
+
+def unit_displacement(steps: int, lr: float, momentum: float) -> float:
+    """How far ``steps`` SGD steps at ``lr`` with heavy-ball ``momentum`` (PyTorch's, no dampening)
+    move a weight whose gradient is constantly 1: K lr without momentum."""
+    buffer, total = 0.0, 0.0
+    for _ in range(steps):
+        buffer = 1.0 if buffer == 0.0 else momentum * buffer + 1.0  # PyTorch: buf = g at the first step
+        total += lr * buffer
+    return total
 
 
 @METHODS.register("scaffold")
-class Scaffold(KeepsLocalOptimizer, FederatedModule):
+class Scaffold(FederatedModule):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.c: dict[str, torch.Tensor] = {}  # server control variate (absent = zero)
-        self.c_sum: dict[str, torch.Tensor] = {}  # sum of the c_i of the clients seen so far (float64)
-        self.clients_seen = 0
-        self._corrections: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self._unit_displacement = 0.0  # sum over steps of lr * (momentum amplification of a unit gradient)
-        self._momentum_buffer = 0.0
-        self._first_participation = False
+        self.c_sum: dict[str, torch.Tensor] = {}  # sum over all clients of c_i (float64; absent = zero)
+        self.c: dict[str, torch.Tensor] = {}  # server control variate c = c_sum / N (absent = zero)
 
     def controlled_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        shared = set(self.shared_keys())
-        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and n in shared]
+        return trainable_shared_parameters(self)
 
     def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}
-        shapes[NEW_CLIENTS] = (1,)
-        return shapes
-
-    # ---- client ----------------------------------------------------------------------------
-    def on_client_start(self, ctx: ClientContext) -> None:
-        params = self.controlled_parameters()
-        self._first_participation = "c_local" not in ctx.state
-        if self._first_participation:
-            ctx.state["c_local"] = {n: torch.zeros_like(p) for n, p in params}
-        c_local = ctx.state["c_local"]
-        self._corrections = [(p, self.server_c(n, p) - c_local[n]) for n, p in params]
-        self._unit_displacement, self._momentum_buffer = 0.0, 0.0
+        return {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}
 
     def server_c(self, name: str, like: torch.Tensor) -> torch.Tensor:
         c = self.c.get(name)
         return torch.zeros_like(like) if c is None else c.to(like.device, like.dtype)
 
-    def on_after_backward(self) -> None:
-        if self.client is None:
-            return
-        for p, correction in self._corrections:
-            if p.grad is None:
-                p.grad = correction.clone()
-            else:
-                p.grad.add_(correction)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.client is None or self.local_optimizer is None:
-            return
-        group = self.local_optimizer.param_groups[0]
-        momentum = float(group.get("momentum", 0.0)) if isinstance(self.local_optimizer, torch.optim.SGD) else 0.0
-        dampening = float(group.get("dampening", 0.0)) if momentum else 0.0
-        # a constant unit gradient through PyTorch's SGD: buf = m buf + (1 - d) (buf = 1 at the first step)
-        self._momentum_buffer = 1.0 if self._momentum_buffer == 0.0 else momentum * self._momentum_buffer + (1 - dampening)
-        step = 1.0 + momentum * self._momentum_buffer if group.get("nesterov", False) else self._momentum_buffer
-        self._unit_displacement += float(group["lr"]) * step
-
-    def on_client_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+    # ---- client ----------------------------------------------------------------------------
+    def control_variate_correction(self, ctx: ClientContext):
+        """The function adding c - c_i to every controlled gradient (after each backward pass)."""
+        params = self.controlled_parameters()
+        if "c_local" not in ctx.state:
+            ctx.state["c_local"] = {n: torch.zeros_like(p) for n, p in params}
         c_local = ctx.state["c_local"]
-        extras: dict[str, torch.Tensor] = {}
+        corrections = [(p, self.server_c(n, p) - c_local[n]) for n, p in params]
+
+        def correct() -> None:
+            for p, correction in corrections:
+                if p.grad is None:
+                    p.grad = correction.clone()
+                else:
+                    p.grad.add_(correction)
+
+        return correct
+
+    def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        correct = self.control_variate_correction(ctx)
+        seen = self.train_epochs(ctx, batches, self.client_objective(ctx), after_backward=correct)
+        hp = self.hparams
+        momentum = float(hp.momentum) if hp.optimizer == "sgd" else 0.0
+        self.update_control_variate(ctx, unit_displacement(ctx.local_epochs * len(batches), ctx.lr, momentum))
+        return seen
+
+    def update_control_variate(self, ctx: ClientContext, displacement: float) -> None:
+        """Option II: c_i+ = c_i - c + (x - y_i) / (K lr); uploads delta c_i."""
+        c_local = ctx.state["c_local"]
         for n, p in self.controlled_parameters():
-            if self._unit_displacement > 0:
-                new = c_local[n] - self.server_c(n, p) + (ctx.global_state[n] - p.detach()) / self._unit_displacement
+            if displacement > 0:
+                new = c_local[n] - self.server_c(n, p) + (ctx.global_state[n] - p.detach()) / displacement
             else:  # no local step was taken
                 new = c_local[n]
-            extras[f"dc.{n}"] = new - c_local[n]
+            ctx.uploads[f"dc.{n}"] = new - c_local[n]
             c_local[n] = new
-        extras[NEW_CLIENTS] = torch.tensor([1.0 if self._first_participation else 0.0], device=ctx.indices.device)
-        self._corrections = []
-        return extras
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
-        self.clients_seen += round(float(extras[NEW_CLIENTS].sum()))
-        if self.clients_seen == 0:
-            return
+        num_clients = self.server_comm.num_clients
         for n, p in self.controlled_parameters():
             dc = extras[f"dc.{n}"]
             total = self.c_sum.get(n)
             self.c_sum[n] = dc.clone() if total is None else total.to(dc.device) + dc
-            self.c[n] = (self.c_sum[n] / self.clients_seen).to(p.dtype)
+            self.c[n] = (self.c_sum[n] / num_clients).to(p.dtype)
 
     def server_state(self) -> dict[str, torch.Tensor]:
-        return {"clients_seen": torch.tensor(self.clients_seen), **{f"c_sum.{n}": t for n, t in self.c_sum.items()}}
+        return {f"c_sum.{n}": t for n, t in self.c_sum.items()}
 
     def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.clients_seen = int(state["clients_seen"])
         self.c_sum = {k[len("c_sum."):]: v.clone() for k, v in state.items() if k.startswith("c_sum.")}
-        self.c = {n: (t / max(self.clients_seen, 1)).float() for n, t in self.c_sum.items()}
+        self.c = {n: (t / self.server_comm.num_clients).float() for n, t in self.c_sum.items()}

@@ -52,6 +52,24 @@ def tiny_cfg(tmp_path):
     return make
 
 
+@pytest.fixture
+def captured(monkeypatch):
+    """Run experiments in process and keep the Federation (client states, module, history) and the
+    module's initial state."""
+    from bench.federation import Federation
+
+    box: dict = {}
+    original = Federation.run
+
+    def run(self):
+        box["fed"] = self
+        box["initial_state"] = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        return original(self)
+
+    monkeypatch.setattr(Federation, "run", run)
+    return box
+
+
 def run_in_process(cfg):
     """Run one experiment on a single in-process Fabric rank; return (record, final state)."""
     from bench.experiment import make_fabric, run_experiment

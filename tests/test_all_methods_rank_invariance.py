@@ -17,7 +17,7 @@ from conftest import REPO, max_state_diff
 from bench.config import RunConfig
 from lightning_modules.base import METHODS
 
-METHOD_NAMES = METHODS.names()  # central rows train on rank 0 and broadcast (bench/central.py)
+METHOD_NAMES = METHODS.names()  # central rows: a federation of one client, which lives on rank 0
 # methods whose distinctive step would not happen in 2 rounds with their defaults
 METHOD_ARGS = {
     "fedbm": {"gen_start": 1, "gen_every": 1, "gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 4},

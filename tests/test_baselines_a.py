@@ -16,31 +16,17 @@ from conftest import kill_and_resume, run_in_process
 from bench.core.batches import DeviceData
 from bench.federation import Federation
 from lightning_modules.base import ClientContext
+from lightning_modules.components.state import substate
 from lightning_modules.fedbabu import FedBABU
 from lightning_modules.feddyn import FedDyn
 from lightning_modules.fednh import FedNH
 from lightning_modules.fedproto import FedProto
 from lightning_modules.fedrep import FedRep
 from lightning_modules.fedrod import FedRoD
-from lightning_modules.moon import Moon, substate
+from lightning_modules.moon import Moon
 from lightning_modules.scaffold import Scaffold
 
 SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
-
-
-@pytest.fixture
-def captured(monkeypatch):
-    """Run experiments in process and keep the Federation (client states, module, history)."""
-    box: dict = {}
-    original = Federation.run
-
-    def run(self):
-        box["fed"] = self
-        box["initial_state"] = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        return original(self)
-
-    monkeypatch.setattr(Federation, "run", run)
-    return box
 
 
 def run(tiny_cfg, captured, **overrides) -> Federation:
@@ -72,18 +58,23 @@ def hand_context(module, labels: list[int], round_idx: int = 0, client: int = 0)
 
 
 # ---- Scaffold ------------------------------------------------------------------------------
-@pytest.mark.parametrize("ratio", [1.0, 0.5])
-def test_scaffold_server_control_variate_is_the_mean_of_the_clients(tiny_cfg, captured, ratio):
-    fed = run(tiny_cfg, captured, **{"method.name": "scaffold", "fed.sample_ratio": ratio, "fed.rounds": 3})
+@pytest.mark.parametrize("ratio,rounds", [(1.0, 3), (0.5, 1)])
+def test_scaffold_server_control_variate_is_the_mean_over_all_clients(tiny_cfg, captured, ratio, rounds):
+    """c = (1/N) sum_i c_i over all N clients (c moves by (|S|/N) mean_S(delta c_i) each round): after
+    one round with half of the clients, c is half the mean of the two clients' c_i."""
+    fed = run(tiny_cfg, captured, **{"method.name": "scaffold", "fed.sample_ratio": ratio, "fed.rounds": rounds})
     module: Scaffold = fed.module
     seen = [c for c, s in fed.client_states.items() if "c_local" in s]
-    assert module.clients_seen == len(seen) == len({c for h in fed.history for c in h["clients"]})
-    if ratio == 1.0:
-        assert len(seen) == 4
+    assert len(seen) == len({c for h in fed.history for c in h["clients"]}) == (4 if ratio == 1.0 else 2)
     for name, _ in module.controlled_parameters():
-        mean = torch.stack([fed.client_states[c]["c_local"][name] for c in seen]).mean(0)
-        torch.testing.assert_close(module.c[name], mean, atol=1e-6, rtol=1e-5)
+        total = torch.stack([fed.client_states[c]["c_local"][name] for c in seen]).sum(0)
+        torch.testing.assert_close(module.c[name], total / 4, atol=1e-6, rtol=1e-5)  # N = 4, not len(seen)
     assert sum(float(t.abs().sum()) for t in module.c.values()) > 0  # the variates did move
+
+
+def constant_gradient_objective(g: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]):
+    """A client_objective whose loss has the constant gradient g: sum_n <g_n, p_n>."""
+    return lambda ctx: lambda batch: sum((g[n] * p).sum() for n, p in params.items())
 
 
 def test_scaffold_option_two_recovers_a_constant_gradient_under_momentum():
@@ -91,25 +82,17 @@ def test_scaffold_option_two_recovers_a_constant_gradient_under_momentum():
     for plain and heavy-ball SGD alike (K lr generalised to the momentum displacement)."""
     for momentum in (0.0, 0.9):
         module = Scaffold(num_classes=3, in_channels=1, backbone="simple-cnn", momentum=momentum, weight_decay=0.0)
-        ctx = hand_context(module, [0, 1, 2, 0])
-        module.client = ctx
-        module.on_client_start(ctx)
-        opt = module.configure_optimizers()
-        for group in opt.param_groups:
-            group["lr"] = 0.05
+        ctx = hand_context(module, [0, 1, 2, 0] * 5)
+        ctx.lr, ctx.batch_size, ctx.local_epochs = 0.05, 4, 1  # K = 5 local steps
         g = {n: torch.randn_like(p) for n, p in module.controlled_parameters()}
-        for _ in range(5):
-            opt.zero_grad()
-            for n, p in module.controlled_parameters():
-                p.grad = g[n].clone()
-            module.on_after_backward()
-            opt.step()
-            module.on_train_batch_end(None, None, 0)
-        extras = module.on_client_end(ctx)
+        module.client_objective = constant_gradient_objective(g, dict(module.controlled_parameters()))
+        module.train()
+        batches = module.client_batches(ctx)
+        assert len(batches) == 5
+        module.local_update(ctx, batches)
         for n, _ in module.controlled_parameters():
             torch.testing.assert_close(ctx.state["c_local"][n], g[n], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(extras[f"dc.{n}"], g[n], atol=1e-5, rtol=1e-4)
-        assert float(extras["new_clients"]) == 1.0
+            torch.testing.assert_close(ctx.uploads[f"dc.{n}"], g[n], atol=1e-5, rtol=1e-4)
 
 
 # ---- FedDyn --------------------------------------------------------------------------------
@@ -166,14 +149,13 @@ def test_feddyn_client_linear_term_and_gradient_correction(tiny_cfg, captured, m
     module: FedDyn = fed.module
     ctx = hand_context(module, [0, 1, 2, 3])
     ctx.state["grad_memory"] = {n: torch.randn_like(p) for n, p in module.dynamic_parameters()}
-    module.client = ctx
-    module.on_client_start(ctx)
+    correct, _ = module.dynamic_regulariser(ctx)
     with torch.no_grad():
         for _, p in module.dynamic_parameters():
             p.add_(0.01)
     for _, p in module.dynamic_parameters():
         p.grad = torch.zeros_like(p)
-    module.on_after_backward()
+    correct()
     for n, p in module.dynamic_parameters():
         expected = 0.1 * (p.detach() - ctx.global_state[n]) - ctx.state["grad_memory"][n]
         torch.testing.assert_close(p.grad, expected)
@@ -182,19 +164,20 @@ def test_feddyn_client_linear_term_and_gradient_correction(tiny_cfg, captured, m
 # ---- MOON ----------------------------------------------------------------------------------
 def test_moon_negative_is_the_clients_previous_local_model(tiny_cfg, captured, monkeypatch):
     negatives, positives, ends = {}, {}, {}
-    original_start, original_end = Moon.on_client_start, Moon.on_client_end
+    original_refs, original_end = Moon.reference_models, Moon.on_client_end
 
-    def start(self, ctx):
-        original_start(self, ctx)
+    def refs(self, ctx):
+        positive, negative = original_refs(self, ctx)
         key = (ctx.client_id, ctx.round_idx)
-        negatives[key] = None if self._previous is None else clone(self._previous["backbone"])
-        positives[key] = clone(self._global["backbone"])
+        negatives[key] = None if negative is None else clone(substate(negative.state, "backbone"))
+        positives[key] = clone(substate(positive.state, "backbone"))
+        return positive, negative
 
     def end(self, ctx):
         ends[(ctx.client_id, ctx.round_idx)] = clone(self.backbone.state_dict())
         return original_end(self, ctx)
 
-    monkeypatch.setattr(Moon, "on_client_start", start)
+    monkeypatch.setattr(Moon, "reference_models", refs)
     monkeypatch.setattr(Moon, "on_client_end", end)
     fed = run(tiny_cfg, captured, **{"method.name": "moon", "fed.sample_ratio": 0.5, "fed.rounds": 4})
     checked = 0
@@ -207,7 +190,7 @@ def test_moon_negative_is_the_clients_previous_local_model(tiny_cfg, captured, m
             assert same(negatives[(c, now)], ends[(c, before)])  # its own model at the end of its last round
             assert not same(negatives[(c, now)], positives[(c, now)])  # not the received global model
             checked += 1
-        assert same(fed.client_states[c]["previous"]["backbone"], ends[(c, rounds[-1])])
+        assert same(substate(fed.client_states[c]["previous"], "backbone"), ends[(c, rounds[-1])])
     assert checked >= 1
 
 
@@ -225,9 +208,9 @@ def test_fedrep_trains_the_head_then_the_body(tiny_cfg, captured, monkeypatch):
     phases: list[dict] = []
     original_head, original_end = FedRep.train_head, FedRep.on_client_end
 
-    def train_head(self, ctx, batch_size):
+    def train_head(self, ctx):
         before_head, before_body = params(self, "head"), params(self, "backbone")
-        steps = original_head(self, ctx, batch_size)
+        steps = original_head(self, ctx)
         phases.append({"client": ctx.client_id, "round": ctx.round_idx, "steps": steps,
                        "received_body": clone(substate(ctx.global_state, "backbone")),
                        "before_head": before_head, "before_body": before_body,
@@ -296,11 +279,10 @@ def test_fedrod_generic_head_balanced_softmax_and_detached_personal_head():
     assert "head.weight" in module.shared_keys()
     labels = [0] * 6 + [1] * 3 + [2]  # class 3 absent on this client
     ctx = hand_context(module, labels)
-    module.client = ctx
-    module.on_client_start(ctx)
+    objective = module.client_objective(ctx)
     x, y = ctx.data.to_float(ctx.indices)
     module.zero_grad()
-    module.training_step((x, y), 0).backward()
+    objective((x, y)).backward()
     got = {n: p.grad.clone() for n, p in module.named_parameters()}
 
     freq = torch.bincount(torch.tensor(labels), minlength=4).double() / len(labels)
@@ -361,7 +343,8 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
     globals_after: list[torch.Tensor] = []
 
     def end(self, ctx):
-        extras = original_end(self, ctx)
+        original_end(self, ctx)
+        extras = ctx.uploads
         self.eval()
         with torch.no_grad():
             x, y = ctx.data.to_float(ctx.indices)
@@ -375,7 +358,6 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
             else:
                 assert extras["proto_count"][k] == 0
         uploads.setdefault(ctx.round_idx, []).append(clone(extras))
-        return extras
 
     def server_step(self, global_state, extras, round_idx):
         original_step(self, global_state, extras, round_idx)

@@ -16,6 +16,7 @@ from torch import nn
 
 from bench.core.batches import DeviceData
 from lightning_modules.base import ClientContext
+from lightning_modules.components.state import FrozenModel
 
 K = 4
 
@@ -32,10 +33,10 @@ def make_ctx(module, labels: list[int], image_shape=(1, 8, 8), seed: int = 0) ->
                          generator=torch.Generator().manual_seed(seed + 1))
 
 
-def start_client(module, ctx: ClientContext) -> None:
-    module.client = ctx
+def start_client(module, ctx: ClientContext):
+    """The client's local objective, as the orchestrator's local update builds it (train mode)."""
     module.train()
-    module.on_client_start(ctx)
+    return module.client_objective(ctx)
 
 
 def linear_model(cls, weight: torch.Tensor, bias: torch.Tensor, **kwargs):
@@ -75,14 +76,14 @@ def test_fedetf_classifier_is_a_fixed_simplex_etf_never_trained_or_aggregated(ti
 
     # balanced feature loss: CE(beta V^T h + log n, y), absent classes counted as 1
     ctx = make_ctx(module, [0, 0, 0, 1, 2, 2])
-    start_client(module, ctx)
+    objective = start_client(module, ctx)
     x, y = ctx.data.images, ctx.labels
     logits = module(x)
     counts = torch.tensor([3, 1, 2, 1, 1, 1, 1, 1, 1, 1], dtype=torch.float32)
     h = F.normalize(module.head.projection(module.backbone(x)), dim=1)
     assert torch.allclose(logits, module.head.temperature * h @ module.head.etf, atol=1e-6)
     expected = F.cross_entropy(logits + counts.log(), y)
-    assert torch.allclose(module.training_step((x, y), 0), expected, atol=1e-6)
+    assert torch.allclose(objective((x, y)), expected, atol=1e-6)
 
 
 # ---- FedLC ----------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ def test_fedlc_calibrated_loss_equals_formula():
     torch.manual_seed(0)
     module = linear_model(FedLC, torch.randn(K, 3), torch.randn(K), tau=1.0)
     ctx = make_ctx(module, [0] * 16 + [1] + [3] * 81, image_shape=(3,))  # counts 16, 1, 0, 81
-    start_client(module, ctx)
+    objective = start_client(module, ctx)
     x = torch.randn(5, 3)
     y = torch.tensor([0, 1, 3, 3, 0])
     z = module(x).double().detach()
@@ -101,30 +102,33 @@ def test_fedlc_calibrated_loss_equals_formula():
     for i in range(5):  # -log( e^{z_y - n_y^-1/4} / sum_{c: n_c > 0} e^{z_c - n_c^-1/4} ), tau = 1
         terms = {c: math.exp(z[i, c] - n[c] ** -0.25) for c in range(K) if n[c] > 0}
         expected += -math.log(terms[int(y[i])] / sum(terms.values())) / 5
-    assert module.training_step((x, y), 0).item() == pytest.approx(expected, rel=1e-5)
+    assert objective((x, y)).item() == pytest.approx(expected, rel=1e-5)
     assert torch.equal(module.eval_logits(x), module(x))  # plain logits at test time
 
     module.tau = 0.0
-    assert module.training_step((x, y), 0).item() == pytest.approx(F.cross_entropy(module(x), y).item(), rel=1e-6)
+    assert start_client(module, ctx)((x, y)).item() == pytest.approx(F.cross_entropy(module(x), y).item(), rel=1e-6)
 
 
 # ---- FedRS ----------------------------------------------------------------------------------
 def test_fedrs_scales_logits_of_absent_classes():
-    from lightning_modules.fedrs import FedRS
+    from lightning_modules.fedrs import FedRS, restriction_scales
 
     module = linear_model(FedRS, torch.eye(K), torch.tensor([0.0, 0.0, 0.0, 1.0]), alpha=0.5)
     ctx = make_ctx(module, [0] * 5 + [2] * 2, image_shape=(K,))  # counts 5, 0, 2, 0
-    start_client(module, ctx)
+    objective = start_client(module, ctx)
+    scales = restriction_scales(ctx.class_counts(), 0.5)
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 6.0, 1.0, 0.0]])
     y = torch.tensor([2, 0])
     expected_logits = torch.tensor([[1.0, 1.0, 3.0, 2.5], [-2.0, 3.0, 1.0, 0.5]])  # classes 1, 3 halved (with bias)
-    assert torch.equal(module.restricted_logits(x), expected_logits)
-    assert module.training_step((x, y), 0).item() == pytest.approx(F.cross_entropy(expected_logits, y).item(), rel=1e-6)
+    assert torch.equal(module.restricted_logits(x, scales), expected_logits)
+    assert objective((x, y)).item() == pytest.approx(F.cross_entropy(expected_logits, y).item(), rel=1e-6)
     assert torch.equal(module.eval_logits(x), torch.tensor([[1.0, 2.0, 3.0, 5.0], [-2.0, 6.0, 1.0, 1.0]]))
 
     prop = linear_model(FedRS, torch.eye(K), torch.zeros(K), alpha=0.5, proportional=True)
-    start_client(prop, ctx)  # the public code's variant: alpha + (1 - alpha) n_c / max n
-    assert torch.allclose(prop.restricted_logits(x[:1]), torch.tensor([[1.0, 1.0, 3.0 * 0.7, 2.0]]))
+    prop_scales = restriction_scales(ctx.class_counts(), 0.5, proportional=True)  # alpha + (1 - alpha) n_c / max n
+    assert torch.allclose(prop.restricted_logits(x[:1], prop_scales), torch.tensor([[1.0, 1.0, 3.0 * 0.7, 2.0]]))
+    assert start_client(prop, ctx)((x[:1], y[:1])).item() == pytest.approx(
+        F.cross_entropy(prop.restricted_logits(x[:1], prop_scales), y[:1]).item(), rel=1e-6)
 
 
 # ---- FedFocal -------------------------------------------------------------------------------
@@ -144,7 +148,7 @@ def test_focal_loss_closed_form_and_cross_entropy_at_gamma_zero():
     module = linear_model(FedFocal, torch.randn(5, 3), torch.zeros(5))
     assert module.gamma == 2.0
     x = torch.randn(7, 3)
-    assert module.training_step((x, y), 0).item() == pytest.approx(focal_loss(module(x), y, 2.0).item(), rel=1e-6)
+    assert module.training_step((x, y)).item() == pytest.approx(focal_loss(module(x), y, 2.0).item(), rel=1e-6)
 
 
 # ---- FedNTD ---------------------------------------------------------------------------------
@@ -170,16 +174,16 @@ def test_ntd_distils_only_not_true_classes_from_the_global_model():
     module = FedNTD(num_classes=K, in_channels=1, backbone="simple-cnn")
     assert (module.beta, module.tau) == (1.0, 1.0)
     ctx = make_ctx(module, [0, 1, 2, 3, 0, 1])
-    start_client(module, ctx)
+    objective = start_client(module, ctx)
     x, y = ctx.data.images, ctx.labels
     module.eval()  # the student equals the (eval-mode) teacher: the distillation term vanishes
-    assert module.training_step((x, y), 0).item() == pytest.approx(F.cross_entropy(module(x), y).item(), abs=1e-6)
+    assert objective((x, y)).item() == pytest.approx(F.cross_entropy(module(x), y).item(), abs=1e-6)
     with torch.no_grad():
         module.head.weight.add_(torch.randn_like(module.head.weight))  # a local step moves the student only
     teacher_logits = copy.deepcopy(module)
     teacher_logits.load_state_dict(ctx.global_state, strict=False)
     expected = F.cross_entropy(module(x), y) + ntd_loss(module(x), teacher_logits(x), y, 1.0)
-    assert module.training_step((x, y), 0).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert objective((x, y)).item() == pytest.approx(expected.item(), rel=1e-5)
     assert expected.item() > F.cross_entropy(module(x), y).item() + 1e-4
 
 
@@ -203,7 +207,7 @@ def test_balancefl_loss_sampling_and_feature_augmentation():
     module = BalanceFL(num_classes=K, in_channels=1, backbone="simple-cnn", balanced_sampling=False,
                        feature_augmentation=False)
     ctx = make_ctx(module, [0, 0, 0, 2, 2, 0])  # classes 1 and 3 missing
-    start_client(module, ctx)
+    objective = start_client(module, ctx)
     x, y = ctx.data.images, ctx.labels
     with torch.no_grad():
         teacher = copy.deepcopy(module).train()(x)  # the received model, train mode, as the code's teacher
@@ -213,7 +217,7 @@ def test_balancefl_loss_sampling_and_feature_augmentation():
     kd = -(F.softmax(teacher[:, missing] / 2, 1) * F.log_softmax(logits[:, missing] / 2, 1)).sum(1).mean()
     p = F.softmax(logits[:, present], 1)
     entropy = -(p * p.log()).sum()
-    assert module.training_step((x, y), 0).item() == pytest.approx((ce + kd - 0.002 * entropy).item(), rel=1e-5)
+    assert objective((x, y)).item() == pytest.approx((ce + kd - 0.002 * entropy).item(), rel=1e-5)
     moved = teacher.clone()
     moved[:, present] += 4.0  # teacher logits of present classes do not matter
     assert missing_class_distillation(logits, moved, missing, 2.0).item() == pytest.approx(kd.item(), rel=1e-6)
@@ -231,16 +235,20 @@ def test_balancefl_loss_sampling_and_feature_augmentation():
     # feature augmentation: probability 1 - n_c / n_max, so the largest class is never augmented
     aug = BalanceFL(num_classes=K, in_channels=1, backbone="simple-cnn")
     ctx = make_ctx(aug, [0] * 12 + [1] * 3 + [2] * 1, seed=5)
-    start_client(aug, ctx)
-    assert torch.allclose(aug._aug_prob, torch.tensor([0.0, 0.75, 1 - 1 / 12, 1.0]))
+    ctx.batch_size = 8
+    objective = start_client(aug, ctx)
+    noise = aug.feature_noise(ctx, FrozenModel(aug, ctx.global_state, train_mode=True))
+    assert torch.allclose(noise.prob, torch.tensor([0.0, 0.75, 1 - 1 / 12, 1.0]))
     f = torch.zeros(400, aug.feature_dim)
     yy = torch.tensor([0, 1] * 200)
-    out = aug.augment_features(f, yy)
+    out = noise(f, yy, ctx.generator)
     assert torch.equal(out[yy == 0], f[yy == 0])
     changed = (out[yy == 1] != 0).any(1).float().mean().item()
     assert changed == pytest.approx(0.75, abs=0.08)
-    x, y = aug.local_batch((ctx.data.images[:8], ctx.labels[:8]))  # balanced resampling of the client's data
-    assert x.shape == (8, 1, 8, 8) and torch.isfinite(aug.training_step((x, y), 0))
+    batches = list(aug.client_batches(ctx))  # balanced resampling of the client's data, default batch sizes
+    assert [len(y) for _, y in batches] == [8, 8]
+    x, y = batches[0]
+    assert x.shape == (8, 1, 8, 8) and torch.isfinite(objective((x, y)))
 
 
 # ---- CReRF ----------------------------------------------------------------------------------

@@ -116,14 +116,14 @@ def test_fst_cbdg_starts_exactly_at_zero_shot(clip_cfg):
     with torch.no_grad():
         assert torch.equal(module.eval_logits(test.images).argmax(dim=1), zero_shot)
         assert torch.equal(module.head.bias, torch.zeros(10))
-    # training sees sample indices in place of labels; no labeled val split (no label-based model
-    # selection); the test split keeps its labels for evaluation
-    assert torch.equal(train.labels, torch.arange(len(dm.train)))
+    # no labeled val split (no label-based model selection); the test split keeps its labels for
+    # evaluation; training batches carry sample positions, never labels (see the scramble test below)
     assert val is None and torch.equal(test.labels, dm.test.labels)
     # soft pseudo-labels start at the zero-shot probabilities (Eq. 2, no temperature)
     idx = torch.arange(5, 45)
     ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(1))
-    module.on_client_start(ctx)
+    x, rows, z, z_labels = next(iter(module.client_batches(ctx)))
+    assert torch.equal(x, train.images[idx[rows]]) and len(z) == len(z_labels)
     p = torch.softmax(F.normalize(train.images[idx], dim=-1) @ F.normalize(text, dim=-1).T, dim=-1)
     assert torch.allclose(ctx.state["q"], p, atol=1e-6)
     assert float(p.max()) < 0.2  # near-uniform, as the paper's Fig. 2 describes
@@ -184,23 +184,25 @@ def test_fst_cbdg_training_never_reads_a_label(clip_cfg, monkeypatch):
 def test_fst_cbdg_synthetic_counts_follow_eq7_and_are_shared_over_the_epoch(clip_cfg):
     _, module, (train, _, _) = prepared(clip_cfg("fst-cbdg", {"gamma": 0.5, "sigma": 0.05}))
     idx = torch.arange(0, 300, 3)
-    ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(7))
-    module.client = ctx
-    module.on_client_start(ctx)
+    ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(7), batch_size=32)
     module.train()
-    consumed = []
-    for i, batch in enumerate(EpochBatches(train, idx, 32, 0, 0, 0)):
-        if i == 0:
-            module.training_step(batch, i)  # draws the epoch's pool, then takes its first share
-            pool = module._epoch["z_labels"].clone()
-            m = torch.bincount(ctx.state["q"].argmax(dim=1), minlength=10)  # before this batch's update
-            consumed.append(len(pool) * len(batch[1]) // len(idx))
-        else:
-            consumed.append(len(module.synthetic_share(len(batch[1]))[1]))
-    counts = torch.bincount(pool, minlength=10)
-    assert torch.equal(counts + m, torch.full((10,), math.floor(1.5 * int(m.max()) + 0.5)))
-    assert sum(consumed) == len(pool)
-    module.client = None
+    batches = module.client_batches(ctx)
+    objective = module.client_objective(ctx)
+    assert len(batches) == len(EpochBatches(train, idx, 32, 0, 0, 0)) == 4
+    for epoch in range(2):  # a fresh pool per local epoch, from the pseudo-labels of its start
+        m = torch.bincount(ctx.state["q"].argmax(dim=1), minlength=10)
+        batches.set_epoch(epoch)
+        shares, real = [], []
+        for x, rows, z, z_labels in batches:
+            assert torch.equal(x, train.images[idx[rows]])  # the default batches' samples
+            shares.append(z_labels)
+            real.append(len(rows))
+            objective((x, rows, z, z_labels))  # updates q (Eq. 4)
+        pool = torch.cat(shares)
+        counts = torch.bincount(pool, minlength=10)
+        assert torch.equal(counts + m, torch.full((10,), math.floor(1.5 * int(m.max()) + 0.5)))  # Eq. 7
+        seen = torch.tensor(real).cumsum(0)  # shared out in proportion to the real samples seen
+        assert [len(z) for z in shares] == (seen * len(pool) // len(idx)).diff(prepend=torch.tensor([0])).tolist()
 
 
 class BiasedClipWorld:
@@ -252,10 +254,11 @@ def test_facmic_target_set_is_unlabeled_val_or_the_held_out_test_split(clip_cfg)
     # the LMMD term is live: with lambda = 0 the loss differs
     module.train()
     x, y = test.images[:32], test.labels[:32]
-    torch.manual_seed(0)
-    with_lmmd = module.training_step((x, y), 0)
+    ctx = ClientContext(0, 0, 0, test, torch.arange(32), 10, {}, generator=torch_generator(0))
+    objective = module.client_objective(ctx)  # the target batch comes from the client's generator
+    with_lmmd = objective((x, y))
     module.lmmd_weight = 0.0
-    assert with_lmmd.item() != pytest.approx(module.training_step((x, y), 0).item())
+    assert with_lmmd.item() != pytest.approx(objective((x, y)).item())
 
 
 # ---------------------------------------------------------------- 1 rank == 2 ranks

@@ -11,7 +11,6 @@ from conftest import REPO, kill_and_resume, max_state_diff, run_in_process
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
-from bench.federation import Federation
 from lightning_modules.base import ClientContext
 from lightning_modules.components import prompts as P
 from lightning_modules.components import text_encoders as TE
@@ -28,20 +27,6 @@ CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 
 @pytest.fixture(scope="session")
 def text_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("text-cache"))
-
-
-@pytest.fixture
-def captured(monkeypatch):
-    """Run experiments in process and keep the Federation."""
-    box: dict = {}
-    original = Federation.run
-
-    def run(self):
-        box["fed"] = self
-        return original(self)
-
-    monkeypatch.setattr(Federation, "run", run)
-    return box
 
 
 def build(cls, text_cache, **args):
@@ -70,13 +55,13 @@ def expected_distribution(text_cache, prompt_fraction: float = 1.0) -> ConceptDi
 # ---- (a) the frozen classifier ---------------------------------------------------------------
 def test_classifier_buffers_frozen_identical_on_every_client_and_not_shared(tiny_cfg, captured, monkeypatch, text_cache):
     seen: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
-    original = FedCB.on_client_start
+    original = FedCB.client_objective
 
     def record(self, ctx):
         seen.append((ctx.round_idx, ctx.client_id, self.head.mu.clone(), self.head.sigma_diag.clone()))
         return original(self, ctx)
 
-    monkeypatch.setattr(FedCB, "on_client_start", record)
+    monkeypatch.setattr(FedCB, "client_objective", record)
     record_, final = run_in_process(tiny_cfg(**SMALL, **{"method.name": "fedcb",
                                                           "method.args": {"text_cache_dir": text_cache}}))
     fed = captured["fed"]
@@ -99,7 +84,7 @@ def test_training_loss_is_the_closed_form_surrogate(text_cache):
     m = build(FedCB, text_cache, tau=12.5)
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(6, 1, 8, 8, generator=gen), torch.tensor([0, 3, 3, 9, 5, 1])
-    loss = m.training_step((x, y), 0).detach()
+    loss = m.training_step((x, y)).detach()
     h = F.normalize(m.head.projection(m.backbone(x)), dim=1).detach().double()
     mu, sd, tau = m.head.mu.double(), m.head.sigma_diag.double(), 12.5
     logits = tau * h @ mu.T + 0.5 * tau**2 * (h**2) @ sd.T
@@ -107,7 +92,7 @@ def test_training_loss_is_the_closed_form_surrogate(text_cache):
     assert float(loss) == pytest.approx(float(by_hand), rel=1e-5)
     assert torch.allclose(m.eval_logits(x).double(), logits, atol=1e-4)
     m.head.sigma_diag.zero_()  # sigma = 0: plain CE on tau h.mu
-    assert float(m.training_step((x, y), 0).detach()) == pytest.approx(float(F.cross_entropy(tau * h @ mu.T, y)), rel=1e-5)
+    assert float(m.training_step((x, y)).detach()) == pytest.approx(float(F.cross_entropy(tau * h @ mu.T, y)), rel=1e-5)
 
 
 # ---- (c) the classifier variants ---------------------------------------------------------------
@@ -150,7 +135,7 @@ def test_without_lkcc_learned_classifier(text_cache):
     x, y = torch.randn(6, 1, 8, 8, generator=gen), torch.tensor([0, 3, 3, 9, 5, 1])
     with torch.no_grad():
         ce = F.cross_entropy(m.head.fc(m.backbone(x)), y)
-    assert float(m.training_step((x, y), 0).detach()) == pytest.approx(float(ce), rel=1e-6)
+    assert float(m.training_step((x, y)).detach()) == pytest.approx(float(ce), rel=1e-6)
     m.prepare_splits(data, None, data)
     dist = expected_distribution(text_cache)
     cond = m.condition_distribution()
@@ -180,14 +165,14 @@ def test_prompt_fraction_changes_the_distribution(text_cache):
 # ---- (d) FedBM ---------------------------------------------------------------------------------
 def test_generator_schedule_and_synthetic_batches(tiny_cfg, captured, monkeypatch, text_cache):
     sizes: list[tuple[int, int, int]] = []
-    original = FedBM.training_step
+    original = FedBM.with_synthetic
 
-    def spy(self, batch, batch_idx):
-        loss = original(self, batch, batch_idx)
-        sizes.append((self.client.round_idx, len(batch[1]), self.last_loss_batch))
-        return loss
+    def spy(self, ctx, batch):
+        trained = original(self, ctx, batch)  # the batch the loss is averaged over (real + synthetic)
+        sizes.append((ctx.round_idx, len(batch[1]), len(trained[1])))
+        return trained
 
-    monkeypatch.setattr(FedBM, "training_step", spy)
+    monkeypatch.setattr(FedBM, "with_synthetic", spy)
     args = {**CHEAP_GEN, "gen_start": 2, "gen_every": 2, "text_cache_dir": text_cache}
     run_in_process(tiny_cfg(**{**SMALL, "method.name": "fedbm", "fed.rounds": 5, "method.args": args}))
     module: FedBM = captured["fed"].module

@@ -23,7 +23,7 @@ from datamodules.partition import partition
 from lightning_modules.base import ClientContext
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
 from lightning_modules.components.npr import npr_loss, update_prototypes
-from lightning_modules.npr_mixin import PROTOTYPES_KEY
+from lightning_modules.fednpr import PROTOTYPES_KEY
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -34,8 +34,9 @@ def npr_cfg(tiny_cfg, method: str, **overrides):
     return tiny_cfg(**{**base, **overrides})
 
 
-def make_federation(cfg) -> Federation:
-    """The Federation run_experiment would build (one in-process rank), to inspect client state."""
+def make_federation(cfg, module=None) -> Federation:
+    """The Federation run_experiment would build (one in-process rank), to inspect client state
+    (``module``: use this method instance instead of the registered ``cfg.method.name``)."""
     fabric = make_fabric(cfg)
     fabric.launch()
     if cfg.threads:
@@ -44,7 +45,7 @@ def make_federation(cfg) -> Federation:
     dm.setup()
     p = cfg.partition
     part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta, min_size=p.min_size)
-    module = build_module(cfg, dm)
+    module = module if module is not None else build_module(cfg, dm)
     fabric.to_device(module)
     train, val, test = (to_device(s, dm, fabric.device) for s in (dm.train, dm.val, dm.test))
     clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", fabric.device)
@@ -125,45 +126,42 @@ def test_fednpr_prototypes_local_unit_norm_and_refreshed_from_received_model(tin
 def test_npr_gradient_reaches_backbone_only_and_never_moves_prototypes():
     module = toy_module("fednpr", lam=0.5)
     ctx = toy_context(module)
-    module.client = ctx
     module.train()
-    module.on_client_start(ctx)
-    before = module.prototypes.clone()
-    assert torch.equal(before, ctx.state[PROTOTYPES_KEY]) and not before.requires_grad
+    objective = module.client_objective(ctx)  # refreshes the client's prototypes into ctx.state
+    before = ctx.state[PROTOTYPES_KEY].clone()
+    assert not before.requires_grad and before.shape == (10, 4, module.feature_dim)
     x, y = ctx.data.to_float(ctx.indices[:32])
-    npr_loss(module.features(x), y, module.prototypes).backward()
+    npr_loss(module.features(x), y, ctx.state[PROTOTYPES_KEY]).backward()
     assert module.head.weight.grad is None and module.head.bias.grad is None
     assert all(p.grad is not None and p.grad.abs().sum() > 0
                for n, p in module.backbone.named_parameters() if n.endswith("weight"))
-    assert module.prototypes.grad is None
+    assert ctx.state[PROTOTYPES_KEY].grad is None
     opt = module.configure_optimizers()
-    for i in range(3):  # full local steps: the prototypes stay exactly what on_client_start computed
+    for i in range(3):  # full local steps: the prototypes stay exactly what the round start computed
         opt.zero_grad()
-        module.training_step(ctx.data.to_float(ctx.indices[32 * i: 32 * (i + 1)]), i).backward()
+        objective(ctx.data.to_float(ctx.indices[32 * i: 32 * (i + 1)])).backward()
         opt.step()
-    assert torch.equal(module.prototypes, before) and torch.equal(ctx.state[PROTOTYPES_KEY], before)
-    module.on_client_end(ctx)
-    assert module.prototypes is None and torch.equal(ctx.state[PROTOTYPES_KEY], before)
+    assert torch.equal(ctx.state[PROTOTYPES_KEY], before)
+    assert not any("proto" in k for k in module.state_dict())  # never on the module, never aggregated
 
 
 @pytest.mark.parametrize("variant,lam,weight", [("paper", 0.3, 0.3), ("public_code", 0.3, 1.0)])
 def test_local_loss_is_bsm_plus_weighted_npr_and_eval_uses_plain_logits(variant, lam, weight):
     module = toy_module("fednpr", lam=lam, npr_variant=variant)
     ctx = toy_context(module)
-    module.client = ctx
     module.train()
-    module.on_client_start(ctx)
-    assert module.npr_weight == weight
+    objective = module.client_objective(ctx)
+    assert module.npr.weight == weight
     x, y = ctx.data.to_float(ctx.indices[:40])
     torch.manual_seed(1)
-    loss = module.training_step((x, y), 0)
+    loss = objective((x, y))
     torch.manual_seed(1)
     feats = module.features(x)
     logits = module.head(feats)
     prior = class_log_prior(ctx.labels, 10)
     assert prior[0] > prior[1] and prior[9] < -20  # the client's imbalance, absent class ~ log(1e-9)
     bsm = balanced_softmax_loss(logits, y, prior)
-    npr = npr_loss(feats, y, module.prototypes)
+    npr = npr_loss(feats, y, ctx.state[PROTOTYPES_KEY])
     assert torch.allclose(loss, bsm + weight * npr, atol=1e-6)
     assert abs(float(bsm.detach() - F.cross_entropy(logits, y).detach())) > 1e-3  # BSM is not plain CE here
     assert abs(float(npr.detach())) > 1e-3 and not torch.allclose(loss, bsm + (1.3 - weight) * npr, atol=1e-4)
@@ -177,21 +175,55 @@ def test_public_code_variant_draws_assignments_from_the_client_generator():
     a, b, c = toy_context(module), toy_context(module), toy_context(module)
     c.generator = torch.Generator().manual_seed(99)
     module.eval()
-    pa, pb, pc = (module.refresh_prototypes(ctx) for ctx in (a, b, c))
+    pa, pb, pc = (module.npr.client_prototypes(module, ctx) for ctx in (a, b, c))
     assert torch.equal(pa, pb) and (pa - pc).abs().max() > 1e-3
     paper = toy_module("fednpr")
-    assert (paper.refresh_prototypes(toy_context(paper)) - pa).abs().max() > 1e-3
+    assert (paper.npr.client_prototypes(paper, toy_context(paper)) - pa).abs().max() > 1e-3
 
 
 def test_fedavg_npr_without_weight_skips_npr():
     module = toy_module("fedavg-npr", lam=0.0)
     ctx = toy_context(module)
-    module.client = ctx
     module.train()
-    module.on_client_start(ctx)
-    assert module.prototypes is None and PROTOTYPES_KEY not in ctx.state
+    objective = module.client_objective(ctx)
+    assert PROTOTYPES_KEY not in ctx.state  # never computed
     x, y = ctx.data.to_float(ctx.indices[:32])
-    assert torch.allclose(module.training_step((x, y), 0), F.cross_entropy(module(x), y))
+    assert torch.allclose(objective((x, y)), F.cross_entropy(module(x), y))
+
+
+def test_npr_composes_with_another_method_in_a_few_lines(tiny_cfg):
+    """FedBABU + NPR (FedNPR, Table 6) on the per-client contract: the NPR options come from
+    NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen and its evaluation
+    fine-tuning (a phase outside the objective) gets no NPR."""
+    from lightning_modules.fedbabu import FedBABU
+    from lightning_modules.fednpr import NPRMethod
+
+    class FedBABUNPR(NPRMethod, FedBABU):
+        def client_objective(self, ctx):
+            return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+
+    def build():
+        torch.manual_seed(0)
+        return FedBABUNPR(num_classes=10, in_channels=1, backbone="simple-cnn", optimizer="adam", lr=1e-3,
+                          lam=0.5, num_subclusters=2, finetune_epochs=1)
+
+    module = build()
+    ctx = toy_context(module)
+    module.train()
+    objective = module.client_objective(ctx)
+    x, y = ctx.data.to_float(ctx.indices[:40])
+    feats = module.features(x)
+    expected = F.cross_entropy(module.head(feats), y) + 0.5 * npr_loss(feats, y, ctx.state[PROTOTYPES_KEY])
+    assert torch.allclose(objective((x, y)), expected, atol=1e-6)
+
+    fed = make_federation(npr_cfg(tiny_cfg, "fedbabu"), module=build())
+    head = fed.module.head.weight.detach().clone()
+    body = fed.global_state["backbone.body.0.weight"].clone()
+    fed.run_round(0)
+    assert all(fed.client_states[c][PROTOTYPES_KEY].shape == (10, 2, module.feature_dim) for c in range(4))
+    assert torch.equal(fed.module.head.weight, head) and "head.weight" not in fed.shared
+    assert not torch.equal(fed.global_state["backbone.body.0.weight"], body)
+    assert len(fed.client_metrics) == 4  # every client fine-tuned and evaluated
 
 
 class Killed(Exception):

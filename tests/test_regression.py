@@ -37,8 +37,8 @@ def test_fedavg_matches_reference(fedavg_run):
 
 def test_changed_loss_is_detected(monkeypatch, fedavg_run):
     """FedAvg with its loss scaled by 1.5 (an lr change in disguise) fails the comparison."""
-    def scaled(self, batch, batch_idx):
-        return 1.5 * FederatedModule.training_step(self, batch, batch_idx)
+    def scaled(self, batch):
+        return 1.5 * FederatedModule.training_step(self, batch)
 
     monkeypatch.setattr(FedAvg, "training_step", scaled)
     broken = run_entry(SPEC, "fedavg")

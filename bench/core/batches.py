@@ -33,11 +33,20 @@ class DeviceData:
         return (x - self.mean) / self.std, self.labels[index]
 
 
+def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """Batches per epoch over n samples: a trailing batch of one sample cannot train BatchNorm, so
+    it is dropped (as are all incomplete batches with ``drop_last``)."""
+    if drop_last or (n % batch_size == 1 and n > 1):
+        return n // batch_size
+    return -(-n // batch_size)  # ceil division
+
+
 class EpochBatches:
     """One epoch of shuffled batches of ``indices`` for (seed, round, client, epoch).
 
-    Re-iterable; ``set_epoch`` selects the epoch so that the same object can feed a Lightning
-    Trainer (Central) with exactly the batches a federated client would see.
+    Re-iterable; ``set_epoch`` selects the epoch. Each epoch's permutation is derived from
+    (seed, round, client, epoch), or, with ``generator``, drawn from that running generator
+    (extra local phases reshuffle with the client's ``ctx.generator``).
     """
 
     def __init__(
@@ -50,28 +59,35 @@ class EpochBatches:
         client: int,
         augment: str = "none",
         drop_last: bool = False,
+        generator: torch.Generator | None = None,
     ) -> None:
         self.data, self.indices, self.batch_size = data, indices, batch_size
         self.seed, self.round_idx, self.client = seed, round_idx, client
-        self.augment, self.drop_last = augment, drop_last
+        self.augment, self.drop_last, self.generator = augment, drop_last, generator
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
+        return num_batches(len(self.indices), self.batch_size, self.drop_last)
+
+    def index_batches(self) -> Iterator[torch.Tensor]:
+        """The epoch's batches as sample indices (into ``data``)."""
         n = len(self.indices)
-        if self.drop_last or (n % self.batch_size == 1 and n > 1):
-            return n // self.batch_size  # a trailing batch of one sample cannot train BatchNorm: dropped
-        return -(-n // self.batch_size)  # noqa: PLE0303 (ceil division of n >= 0: never negative)
+        if self.generator is not None:
+            perm = torch.randperm(n, generator=self.generator, device=self.generator.device)
+        else:
+            key = self.round_idx * 1000 + self.epoch
+            perm = torch.randperm(n, generator=torch_generator(derive_seed(self.seed, key, self.client, SHUFFLE)))
+        order = self.indices[perm.to(self.indices.device)]
+        for b in range(len(self)):
+            yield order[b * self.batch_size : (b + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        key = self.round_idx * 1000 + self.epoch
-        perm = torch.randperm(len(self.indices), generator=torch_generator(derive_seed(self.seed, key, self.client, SHUFFLE)))
-        order = self.indices[perm.to(self.indices.device)]
         aug_gen = None
         if self.augment != "none":
+            key = self.round_idx * 1000 + self.epoch
             aug_gen = torch_generator(derive_seed(self.seed, key, self.client, AUGMENT), self.data.images.device)
-        for b in range(len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+        for idx in self.index_batches():
             yield self.data.to_float(idx, self.augment, aug_gen)

@@ -13,7 +13,7 @@ from bench.config import RunConfig
 from bench.core.atomic_io import write_json
 from bench.core.batches import DeviceData, EpochBatches
 from bench.experiment import build_datamodule, build_module, make_fabric, to_device
-from bench.federation import local_training
+from lightning_modules.base import run_epochs
 
 
 def bare_loop(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, lr: float, seed: int) -> float:
@@ -32,13 +32,13 @@ def bare_loop(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, lr: floa
 
 
 def fedbench_loop(fabric, module, data: DeviceData, batch_size: int, seed: int) -> float:
-    """fedbench's client training: uint8 cache sliced per batch, derived shuffling, module hooks."""
+    """fedbench's client training: uint8 cache sliced per batch, derived shuffling, the local loop."""
     idx = torch.arange(len(data.labels), device=data.labels.device)
     batches = EpochBatches(data, idx, batch_size, seed, 0, 0, drop_last=True)
     optimizer = module.configure_optimizers()
     module.train()
     t = time.perf_counter()
-    local_training(fabric, module, optimizer, batches, 1, "in make bench")
+    run_epochs(batches, 1, module.training_step, optimizer, fabric.autocast, where="in make bench")
     return time.perf_counter() - t
 
 

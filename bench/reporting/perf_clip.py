@@ -36,20 +36,19 @@ def _client_epoch(module: Facmic, data: DeviceData, batch_size: int, round_idx: 
     idx = torch.arange(len(data.labels))
     ctx = ClientContext(client_id=0, round_idx=round_idx, seed=0, data=data, indices=idx, num_classes=len(CLASSES),
                         global_state={}, generator=torch_generator(derive_seed(0, round_idx, 0, METHOD)))
-    module.client = ctx
     module.train()
+    objective = module.client_objective(ctx)
     optimizer = module.configure_optimizers()
     target_images = module.target_images if encode is not None else None
     t = time.perf_counter()
-    for i, (x, y) in enumerate(EpochBatches(data, idx, batch_size, 0, round_idx, 0, drop_last=True)):
+    for x, y in EpochBatches(data, idx, batch_size, 0, round_idx, 0, drop_last=True):
         if encode is not None:  # no cache: the frozen encoder runs on the source and the target batch
             x = encode(x)
             pick = torch.randperm(len(target_images), generator=ctx.generator)[: len(x)]
             module.target_features = encode(target_images[pick])
         optimizer.zero_grad(set_to_none=True)
-        module.training_step((x, y), i).backward()
+        objective((x, y)).backward()
         optimizer.step()
-    module.client = None
     return time.perf_counter() - t
 
 

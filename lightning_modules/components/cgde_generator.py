@@ -177,7 +177,6 @@ def train_generator(
     use_div: bool = True,
     use_dis: bool = True,
     noise_only: bool = False,
-    optimizer: torch.optim.Optimizer | None = None,
     sem_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Train ``generator`` for ``steps`` Adam steps against the frozen teacher; return the last losses.
@@ -187,8 +186,8 @@ def train_generator(
     the generator's [0, 1] images to the teacher's input normalisation (None: identity). Labels
     (uniform) and conditions are drawn from a CPU torch.Generator seeded with ``seed``, so the
     result is the same on every rank. The teacher is in eval mode with gradients off for its
-    parameters; its modes and flags are restored afterwards. A fresh Adam(lr, betas 0.5/0.999)
-    is used unless ``optimizer`` is given (to keep its state across generator trainings).
+    parameters; its modes and flags are restored afterwards. Each call uses a fresh
+    Adam(lr, betas 0.5/0.999), as the public code does.
     ``sem_loss(h, labels)`` replaces the LKCC surrogate as L_sem (FedBM without LKCC: the CE of the
     teacher's learned classifier).
     """
@@ -199,7 +198,7 @@ def train_generator(
     device = _module_device(generator)
     dist = distribution.to(device)
     rng = torch.Generator().manual_seed(seed)
-    opt = optimizer or torch.optim.Adam(generator.parameters(), lr=lr, betas=(0.5, 0.999))
+    opt = torch.optim.Adam(generator.parameters(), lr=lr, betas=(0.5, 0.999))
     teacher_was_training = teacher_model.training
     grad_flags = [p.requires_grad for p in teacher_model.parameters()]
     gen_was_training = generator.training

@@ -1,0 +1,51 @@
+"""Features of a client's training data, computed by a model without gradient (prototypes, NPR's
+sub-clusters, BalanceFL's feature covariance): one helper, its batch size a parameter."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_modules.base import ClientContext
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[None]:
+    """Eval mode within the block; the module's mode is restored afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+@torch.no_grad()
+def client_features(ctx: ClientContext, extract: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256,
+                    even: bool = False) -> torch.Tensor:
+    """``extract(x)`` of all the client's training images (no augmentation), in the order of
+    ``ctx.indices``, as float [n, D]. The images go through ``extract`` in consecutive batches of
+    ``batch_size`` (the last one smaller); ``even=True`` splits them into ceil(n / batch_size)
+    batches of (nearly) equal size instead, so that a train-mode BatchNorm sees comparable batches."""
+    n = len(ctx.indices)
+    if even:
+        chunks = list(torch.tensor_split(ctx.indices, -(-n // batch_size)))
+    else:
+        chunks = [ctx.indices[i : i + batch_size] for i in range(0, n, batch_size)]
+    return torch.cat([extract(ctx.data.to_float(idx)[0]).float() for idx in chunks])
+
+
+def class_feature_sums(module, ctx: ClientContext, normalise: bool = False,
+                       batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class sums [C, D] of the module's pooled features of the client's training samples (each
+    L2-normalised first if ``normalise``), in eval mode, and the class counts [C] (float)."""
+    with evaluating(module):
+        feats = client_features(ctx, module.features, batch_size)
+    if normalise:
+        feats = F.normalize(feats, dim=1)
+    labels = ctx.labels
+    sums = torch.zeros(module.num_classes, feats.shape[1], device=feats.device).index_add_(0, labels, feats)
+    return sums, torch.bincount(labels, minlength=module.num_classes).float()
