@@ -1,4 +1,5 @@
-"""Central learning: the FedAvg module trained on the pooled data with a plain Lightning Trainer."""
+"""Central learning: the FedAvg module trained on the pooled data, as a federation of one client
+(bench/central.py: rounds x local_epochs one-epoch rounds, one optimizer)."""
 from lightning_modules.base import METHODS, FederatedModule
 
 
