@@ -11,25 +11,32 @@ from __future__ import annotations
 import os
 import sys
 import typing
+import warnings
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import DataConfig, FedConfig, MethodConfig, PartitionConfig, RunConfig
-from datamodules.errors import FedbenchError
+from datamodules.errors import FedbenchError, FedbenchWarning
+
+HELP = {
+    "resume": "true: continue from the latest checkpoint, refused if it was written under another config, code "
+              "or data; force: continue anyway (the record lists the differences)",
+    "timeout": "minutes a rank waits for the others at a round's collective before giving up with an error",
+}
 
 
 def run_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedbench run", description="Run one federated experiment.",
-                            default_env=False, exit_on_error=True)
+                            default_env=False, exit_on_error=True, allow_abbrev=False)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
     for name, typ in (("data", DataConfig), ("partition", PartitionConfig), ("fed", FedConfig),
                       ("method", MethodConfig)):
         parser.add_argument(f"--{name}", type=typ, default=typ())
     defaults, hints = RunConfig(), typing.get_type_hints(RunConfig)
     for field in ("seed", "experiment", "devices", "accelerator", "precision", "threads", "output_dir",
-                  "checkpoint_dir", "checkpoint_every", "resume", "save_final_state", "wandb", "wandb_project",
-                  "progress"):
-        parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field))
+                  "checkpoint_dir", "checkpoint_every", "resume", "timeout", "save_final_state", "wandb",
+                  "wandb_project", "progress"):
+        parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field), help=HELP.get(field))
     return parser
 
 
@@ -43,9 +50,20 @@ def parse_run(argv: list[str]) -> RunConfig:
     return RunConfig(**kwargs)
 
 
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """fedbench's own warnings as one plain line; others as Python formats them."""
+    if issubclass(category, FedbenchWarning):
+        return f"fedbench: warning: {message}\n"
+    return PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.formatwarning = format_warning
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -57,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             record = run_experiment(parse_run(rest))
             if record:
                 best = record.get("best", {})
-                shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items() if k.startswith("test/") and isinstance(v, float))
+                shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items()
+                          if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
                 print(f"{record['run_name']}: {shown}")
             return 0
         if command == "table":

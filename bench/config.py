@@ -78,13 +78,14 @@ class RunConfig:
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
     devices: int = 1
-    accelerator: str = "auto"
-    precision: str = "32-true"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+    precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = None  # torch intra-op threads per rank (None: Lightning's choice)
     output_dir: str = "results/runs"
     checkpoint_dir: str = "results/checkpoints"
     checkpoint_every: int = 0  # rounds; 0 = never
-    resume: bool = False
+    resume: bool | Literal["force"] = False  # true: continue from the latest checkpoint of the same config
+    timeout: float = 10.0  # minutes a rank waits for the others at a round's collective before giving up
     save_final_state: bool = False  # also write the final global state next to the record
     wandb: bool = False
     wandb_project: str = "fedbench"
@@ -117,9 +118,21 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
 
 # options that say where/how a run executes, not what it computes: ignored when matching records
 EXECUTION_KEYS = ("devices", "accelerator", "threads", "output_dir", "checkpoint_dir", "checkpoint_every",
-                  "resume", "save_final_state", "wandb", "wandb_project", "progress")
+                  "resume", "timeout", "save_final_state", "wandb", "wandb_project", "progress")
 
 
 def result_config(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that determines a run's numbers."""
     return {k: v for k, v in d.items() if k not in EXECUTION_KEYS}
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys whose values differ, as dotted paths with both values: ['method.lr: 0.01 -> 0.5']."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out

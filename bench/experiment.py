@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,11 @@ from bench.batches import DeviceData
 from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.federation import ClientSplit, Federation
+from bench.health import collapse_warnings
+from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
 from bench.records import git_commit, record_path, summarise, write_json
 from bench.seeding import INIT, derive_seed
+from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.errors import FedbenchError, PartitionError
@@ -29,9 +32,15 @@ from lightning_modules.base import METHODS, FederatedModule
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
-    strategy = "ddp" if cfg.devices > 1 else "auto"
-    return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, strategy=strategy, precision=cfg.precision,
-                  loggers=loggers)
+    from lightning.fabric.strategies import DDPStrategy
+
+    strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if cfg.devices > 1 else "auto"
+    try:
+        return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, strategy=strategy, precision=cfg.precision,
+                      loggers=loggers)
+    except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
+        raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
+                            f"precision={cfg.precision!r}: {err}") from err
 
 
 def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -42,11 +51,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
 
 
 def method_arg_names(cls: type) -> set[str]:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass is FederatedModule or (isinstance(klass, type) and issubclass(klass, FederatedModule)):
-            names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
-    return names
+    return set(method_signature(cls))
 
 
 def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
@@ -54,12 +59,7 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
     m = cfg.method
     common = {"backbone": m.backbone, "pretrained": m.pretrained, "optimizer": m.optimizer, "lr": m.lr,
               "momentum": m.momentum, "weight_decay": m.weight_decay}
-    known = method_arg_names(cls)
-    unknown = sorted(set(m.args) - known)
-    if unknown:
-        own = sorted(known - set(common) - {"num_classes", "in_channels", "class_names", "dataset_name", "betas"})
-        raise FedbenchError(f"method.args for {m.name!r} has unknown option(s) {unknown}; "
-                            f"{m.name!r} accepts: {own or 'no extra options'}.")
+    check_method_args(cfg)
     torch.manual_seed(derive_seed(cfg.seed, -1, -1, INIT))  # the initial global model
     return cls(num_classes=dm.num_classes, in_channels=dm.in_channels, class_names=list(dm.class_names),
                dataset_name=cfg.data.name, **common, **m.args)
@@ -88,18 +88,6 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
     return out
 
 
-def validate(cfg: RunConfig) -> None:
-    METHODS.get(cfg.method.name)
-    DATASETS.get(cfg.data.name)
-    if not 0.0 < cfg.fed.sample_ratio <= 1.0:
-        raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {cfg.fed.sample_ratio}.")
-    if cfg.partition.scheme.startswith("dirichlet") and cfg.partition.beta <= 0:
-        raise PartitionError(f"partition.beta must be > 0, got {cfg.partition.beta}.")
-    for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
-        if getattr(cfg.fed, name) < 1:
-            raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(cfg.fed, name)}.")
-
-
 def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
@@ -112,7 +100,8 @@ def partition_plot_path(cfg: RunConfig) -> Path:
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``wandb_dir``: where W&B files go when cfg.wandb (default bench.wandb_logger.default_dir())."""
-    validate(cfg)
+    validate_config(cfg)
+    check_outputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = Path(cfg.output_dir) / cfg.experiment
@@ -120,7 +109,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
     started = time.time()
-    with fabric.rank_zero_first():
+    with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
         dm = build_datamodule(cfg)
         dm.setup()
     p = cfg.partition
@@ -136,17 +125,21 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
                      run_tags(cfg), {**cfg.to_dict(), "code_version": code_version()}, wandb_dir)
+    fed = None
     try:
         if module.runs_centrally:
             from bench.central import train_central
 
-            history = train_central(fabric, cfg, module, train, val, test, log=wandb.log)
+            with collective_timeout(fabric, WAIT_FOREVER_MINUTES):  # the other ranks wait for rank 0's training
+                history = train_central(fabric, cfg, module, train, val, test, log=wandb.log)
             protocol = "global"
         else:
             clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", device)
             fed = Federation(fabric, cfg, module, train, clients, val, test)
+            fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
             fed.on_round_end = lambda e: wandb.log(e["metrics"], step=e["round"]) if e["metrics"] else None
-            history = fed.run()
+            with collective_timeout(fabric, cfg.timeout):
+                history = fed.run()
             protocol = module.protocol
     except BaseException:
         wandb.finish(exit_code=1)
@@ -164,8 +157,18 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
         "partition": {**part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": len(dm.val), "test": len(dm.test)},
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
-        "history": history, **summary, "wall_seconds": time.time() - started,
+        "history": history, **summary,
+        "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
     }
+    resumed = fed.checkpointer.resumed if fed is not None else None
+    if resumed:
+        record["resumed"] = resumed
+        if resumed.get("forced_differences"):
+            record["resumed_with_force"] = resumed["forced_differences"]
+    record["warnings"] = collapse_warnings(record)
+    if fabric.global_rank == 0:
+        for warning in record["warnings"]:
+            print(f"fedbench: warning: {cfg.run_name()}: {warning}", file=sys.stderr, flush=True)
     wandb.summary(run_summary(record))
     wandb.finish()
     if fabric.global_rank == 0:
@@ -177,5 +180,6 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
             plot_partition(counts, str(heatmap), list(dm.class_names),
                            title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
         write_json(path, record)
-    fabric.barrier()
+    with waiting_on(fabric, "rank 0 to write the record"):
+        fabric.barrier()
     return record
