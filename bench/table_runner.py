@@ -112,7 +112,7 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench table", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fedbench table", description=__doc__, allow_abbrev=False)
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
@@ -129,6 +129,8 @@ def main(argv: list[str]) -> int:
     spec = load_table_config(args.config)
     args.wandb = args.wandb or bool(spec.get("wandb"))
     runs = plan_runs(spec, args.output_dir)
+    if not args.render_only:
+        check_plan(runs, spec, args)
     if not args.render_only and execute(runs, spec, args) != 0:
         return 0  # other ranks: rank 0 renders
     paths = render_table(spec, runs, args.tables_dir)
@@ -143,9 +145,45 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
+    """Every planned run's options (bench/validation.py) and the output folders, before any run starts."""
+    from bench.validation import check_writable, validate_config
+
+    devices = args.devices or spec.get("devices", 1)
+    for r in runs:
+        r.cfg.devices = devices
+        try:
+            validate_config(r.cfg)
+        except FedbenchError as err:
+            raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} (beta {r.beta:g}, seed {r.seed}): "
+                                f"{err}") from err
+    writers: dict[Path, PlannedRun] = {}
+    for r in runs:
+        first = writers.setdefault(record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name()), r)
+        if result_config(first.cfg.to_dict()) != result_config(r.cfg.to_dict()):
+            raise FedbenchError(f"Table {r.cfg.experiment}: rows {first.label!r} and {r.label!r} (beta {r.beta:g}, "
+                                f"seed {r.seed}) would write the same record {r.cfg.run_name()}.json with different "
+                                "configs (a record is named by method, method.args, dataset, partition and seed); "
+                                "put such variants in separate table configs.")
+    for folder, option in {(r.cfg.output_dir, "--output-dir") for r in runs} | {(args.tables_dir, "--tables-dir")}:
+        check_writable(folder, option)
+
+
+def check_data(todo: list[PlannedRun]) -> None:
+    """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
+    from bench.experiment import build_datamodule
+
+    seen = set()
+    for r in todo:
+        key = json.dumps(r.cfg.to_dict()["data"], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            build_datamodule(r.cfg).setup()
+
+
 def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     """Run the runs without a matching record; returns this process's global rank."""
-    from bench.experiment import build_datamodule, make_fabric, run_experiment
+    from bench.experiment import make_fabric, run_experiment
 
     reasons = Counter()
     todo = []
@@ -159,7 +197,7 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
           f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
-    build_datamodule(todo[0].cfg).setup()  # fail at once (missing data) before any run starts
+    check_data(todo)  # fail at once (missing or bad data) before any run starts
     devices = args.devices or spec.get("devices", 1)
     for r in todo:
         r.cfg.devices = devices

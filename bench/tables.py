@@ -41,6 +41,7 @@ def collect(spec: dict, runs: list, records: dict[int, dict]) -> dict[tuple[str,
                 if rec is not None and metric_of(rec, metric) is not None:
                     cell["values"].append(metric_of(rec, metric))
                     cell["seeds"].append(run.seed)
+                    cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}" for w in rec.get("warnings", [])]
     for cell in cells.values():
         cell["mean"], cell["std"] = mean_std(cell["values"])
     return cells
@@ -52,6 +53,8 @@ def fmt(cell: dict) -> str:
     text = f"{cell['mean']:.2f} ± {cell['std']:.2f}"
     if len(cell["values"]) < cell["expected"]:
         text += f" ({len(cell['values'])}/{cell['expected']} seeds)"
+    if cell.get("warnings"):
+        text += " ⚠"
     return text
 
 
@@ -139,6 +142,10 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> 
     md += [legend, ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
+    warned = {f"{label} β={beta:g}: {w}" for (label, beta, _), cell in cells.items() for w in cell.get("warnings", [])}
+    if warned:
+        md += ["", "⚠ Runs whose record carries a warning (their numbers are shown but suspect):"]
+        md += [f"- {w}" for w in sorted(warned)]
     if spec.get("notes"):
         md += ["", spec["notes"].strip()]
 
