@@ -34,8 +34,9 @@ def launch_timeout(minutes: float) -> timedelta:
 def set_collective_timeout(fabric, minutes: float) -> None:
     """Every later collective of this process group gives up after ``minutes``."""
     _state["minutes"] = minutes
-    if fabric.world_size > 1 and dist.is_available() and dist.is_initialized():
-        dist.set_timeout(timedelta(minutes=minutes))
+    setter = getattr(dist, "set_timeout", None)  # torch >= 2.7; before it, the launch timeout stays
+    if setter is not None and fabric.world_size > 1 and dist.is_available() and dist.is_initialized():
+        setter(timedelta(minutes=minutes))
 
 
 @contextmanager

@@ -198,9 +198,7 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     if not todo:
         return 0
     check_data(todo)  # fail at once (missing or bad data) before any run starts
-    devices = args.devices or spec.get("devices", 1)
-    for r in todo:
-        r.cfg.devices = devices
+    for r in todo:  # devices were set by check_plan
         r.cfg.progress = False
         r.cfg.wandb = r.cfg.wandb or args.wandb
     fabric = make_fabric(todo[0].cfg)
