@@ -7,17 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import digits_run_argv
 from PIL import Image
 
 from bench.cli import main
 from bench.records import load_record, record_path
-
-
-def base_args(tmp_path: Path) -> list[str]:
-    return ["run", "--data.name", "digits", "--data.cache_dir", str(tmp_path / "cache"),
-            "--method.backbone", "simple-cnn", "--fed.rounds", "2", "--partition.num_clients", "4",
-            "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
-            "--threads", "1", "--progress", "false"]
 
 
 def written_files(tmp_path: Path) -> list[str]:
@@ -28,7 +22,7 @@ def written_files(tmp_path: Path) -> list[str]:
 
 def run_cli(tmp_path: Path, extra: list[str], capsys) -> tuple[int, str]:
     try:
-        code = main(base_args(tmp_path) + extra)
+        code = main(digits_run_argv(tmp_path) + extra)
     except SystemExit as exc:  # jsonargparse rejects unknown options and values of the wrong type
         code = exc.code
     return code, capsys.readouterr().err
