@@ -38,7 +38,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction)
+                               val_fraction=d.val_fraction, run_seed=cfg.seed)
 
 
 def method_arg_names(cls: type) -> set[str]:
@@ -109,9 +109,11 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
-def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str | None = None,
+                   annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
-    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.wandb_logger.default_dir())."""
+    ``wandb_dir``: where W&B files go when cfg.wandb (default bench.wandb_logger.default_dir()).
+    ``annotations``: extra record (and W&B config) entries, e.g. a table's command-line overrides."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -135,7 +137,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
-                     run_tags(cfg), {**cfg.to_dict(), "code_version": code_version()}, wandb_dir)
+                     run_tags(cfg), {**cfg.to_dict(), "code_version": code_version(), **(annotations or {})}, wandb_dir)
     try:
         if module.runs_centrally:
             from bench.central import train_central
@@ -158,7 +160,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
         "code_version": code_version(),
-        "method": cfg.method.name, "dataset": cfg.data.name, "protocol": protocol, "world_size": fabric.world_size,
+        "method": cfg.method.name, "dataset": cfg.data.name, "data_root": dm.root, **(annotations or {}),
+        "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
         "partition": {**part.to_json(), "counts": counts.tolist()},

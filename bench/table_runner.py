@@ -6,6 +6,10 @@ A table config (configs/tables/*.yaml) holds ``base`` (RunConfig overrides share
 for rows such as Central that do not depend on the partition: run once per seed, shown in every
 beta column; ``betas: [...]`` for rows whose options differ per beta: the row runs in those
 beta columns only, and rows sharing a label fill one table row).
+
+Command-line changes without editing the YAML (bench/table_overrides.py): ``--set KEY=VALUE`` on
+every run, ``--seeds`` / ``--rows`` subsets; ``--data-home`` (or $FEDBENCH_DATA) is the folder the
+datasets are found in by their archive names (datamodules/data_home.py).
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version
 from bench.config import RunConfig, from_dict, result_config
 from bench.records import load_record, record_path
+from bench.table_overrides import TableOverrides
+from datamodules.data_home import DATA_HOME_ENV, set_data_home
 from datamodules.errors import FedbenchError
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "seeds", "metrics", "rows", "devices", "paper", "notes",
@@ -122,16 +128,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wandb", action="store_true",
                         help="log the runs and the rendered table to W&B (also: 'wandb: true' in the table config)")
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
+    parser.add_argument("--data-home", default=None,
+                        help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run option in every run, e.g. --set fed.rounds=2 --set data.image_size=64 "
+                             "(repeatable; the table is then labelled and filed as a reduced run)")
+    parser.add_argument("--seeds", default=None, help="run only these of the config's seeds, e.g. --seeds 0 or 0,1")
+    parser.add_argument("--rows", action="append", default=None,
+                        help="run only these rows, by label: --rows FedAvg,FedBM (repeat --rows for labels with commas)")
     args = parser.parse_args(argv)
 
     from bench.tables import render_table
 
-    spec = load_table_config(args.config)
-    args.wandb = args.wandb or bool(spec.get("wandb"))
+    if args.data_home:
+        set_data_home(args.data_home)
+    full_spec = load_table_config(args.config)
+    args.wandb = args.wandb or bool(full_spec.get("wandb"))
+    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows)
+    spec = overrides.select(full_spec)
     runs = plan_runs(spec, args.output_dir)
-    if not args.render_only and execute(runs, spec, args) != 0:
+    overrides.apply(runs)
+    if not args.render_only and execute(runs, spec, args, overrides.record()) != 0:
         return 0  # other ranks: rank 0 renders
-    paths = render_table(spec, runs, args.tables_dir)
+    paths = render_table(spec, runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
+                         changes=overrides.describe(full_spec), reduced=not overrides.full_budget)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
@@ -143,9 +163,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def execute(runs: list[PlannedRun], spec: dict, args) -> int:
-    """Run the runs without a matching record; returns this process's global rank."""
-    from bench.experiment import build_datamodule, make_fabric, run_experiment
+def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
+    """Run the runs without a matching record; returns this process's global rank. ``annotations``
+    (the command-line overrides) are stored in every record."""
+    from bench.experiment import build_datamodule, make_fabric, run_experiment, validate
 
     reasons = Counter()
     todo = []
@@ -159,7 +180,10 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
           f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
-    build_datamodule(todo[0].cfg).setup()  # fail at once (missing data) before any run starts
+    for r in todo:  # fail at once (bad option, missing data) before any run starts
+        validate(r.cfg)
+    for cfg in {json.dumps(r.cfg.to_dict()["data"], sort_keys=True): r.cfg for r in todo}.values():
+        build_datamodule(cfg).setup()
     devices = args.devices or spec.get("devices", 1)
     for r in todo:
         r.cfg.devices = devices
@@ -170,5 +194,5 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} beta={r.beta:g} seed={r.seed}")
-        run_experiment(r.cfg, fabric, wandb_dir=args.wandb_dir)
+        run_experiment(r.cfg, fabric, wandb_dir=args.wandb_dir, annotations=annotations)
     return fabric.global_rank

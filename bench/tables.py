@@ -98,8 +98,21 @@ def protocol_note(labels: list[str], runs: list, records: dict[int, dict]) -> st
     return note
 
 
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> dict[str, str]:
-    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths."""
+def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str:
+    """Which weights each row ran with (from its records), rows with the same weights grouped."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        for rec in (records.get(id(r)) for r in runs if r.label == label):
+            if rec is not None and label not in groups.setdefault(rec.get("backbone", "?"), []):
+                groups[rec.get("backbone", "?")].append(label)
+    return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
+
+
+def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", name: str | None = None,
+                 changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
+    """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths. ``name``
+    defaults to <table>_<dataset>; ``changes`` (bench/table_overrides.py) says how the runs differ from
+    the config; ``reduced``: not the config's budget, which the title then says."""
     metrics = spec.get("metrics", ["accuracy", "f1"])
     betas = spec["betas"]
     labels = list(dict.fromkeys(r.label for r in runs))
@@ -111,7 +124,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> 
     for (label, beta, metric), cell in cells.items():
         method, table, setting = paper_key[label]
         cell.update(compare(cell, paper_cell(paper_cells, spec["dataset"], beta, method, metric, table, setting)))
-    name = f"{spec['table']}_{spec['dataset']}"
+    name = name or f"{spec['table']}_{spec['dataset']}"
     some = next(iter(records.values()), None)
     papers = ", ".join(paper_names(spec)) or "none"
 
@@ -129,9 +142,12 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> 
                 row += [fmt(cell)] + fmt_paper(cell)
         rows.append(row)
 
-    md = [f"# {spec.get('title', name)}", ""]
+    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget" if reduced else "")
+    md = [f"# {title}", ""]
+    if changes:
+        md += [*changes, ""]
     if some is not None:
-        md += [f"Setup: {setup_line(some)}.", ""]
+        md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
     legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). {protocol_note(labels, runs, records)} "
               f"Paper: the published mean ± std ({papers}; n/a where the paper has no such cell), Δ = ours − paper, "
               "p = two-sided Welch t-test where both sides have >= 3 runs. Rows without records are shown as "
@@ -158,7 +174,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables") -> 
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], buf.getvalue())
-    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "papers": paper_names(spec),
+    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "name": name, "title": title,
+                               "experiment": runs[0].cfg.experiment if runs else name,
+                               "reduced": reduced, "changes": changes or [], "papers": paper_names(spec),
                                "setup": setup_line(some) if some else "", "figures": figures,
                                "cells": [{"method": k[0], "beta": k[1], "metric": k[2], **v} for k, v in cells.items()]})
     return {**paths, **figures}

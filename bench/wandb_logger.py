@@ -74,10 +74,11 @@ def log_table(table: dict, figures: dict[str, str], project: str, directory: str
     in a run of the table's group with job_type "table". Returns the run's local files directory."""
     import wandb
 
-    name = f"{table['table']}_{table['dataset']}"
+    name = table.get("name") or f"{table['table']}_{table['dataset']}"
     config = {"table": table["table"], "dataset": table["dataset"], "papers": table.get("papers"),
               "setup": table.get("setup")}
-    run = WandbRun(True, project, name, f"{name}-table", ["table", table["table"], table["dataset"]], config,
+    group = table.get("experiment") or name  # the group of the table's runs
+    run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
                    directory, job_type="table")
     rows = [[{**cell, "n_seeds": len(cell.get("values") or [])}.get(c) for c in TABLE_COLUMNS] for cell in table["cells"]]
     media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}

@@ -115,7 +115,7 @@ def test_one_client_per_writer_end_to_end(leaf, tiny_cfg):
                       "fed.sample_ratio": 0.1, "fed.batch_size": 8})
     record, _ = run_in_process(cfg)
     kept = sorted(w for w, y in writers.items() if len(y) < 150)
-    train_w, val_w, test_w = draw_writers(len(kept), cfg.seed)
+    train_w, _, test_w = draw_writers(len(kept), cfg.seed)
     assert record["partition"]["num_clients"] == 35
     assert record["partition"]["sizes"] == [len(writers[kept[w]]) for w in train_w]
     assert record["splits"]["test"] == sum(len(writers[kept[w]]) for w in test_w)
