@@ -129,8 +129,8 @@ class FedCB(FederatedModule):
     def describe_backbone(self) -> str:
         """The image backbone and the weights behind the frozen classifier (records and tables name both)."""
         if self.classifier == "random_frozen":
-            return f"{super().describe_backbone()}; random frozen classifier (no text encoder run)"
-        return f"{super().describe_backbone()}; text encoder {self.text_encoder}"
+            return f"{super().describe_backbone()} + random frozen classifier (no text encoder run)"
+        return f"{super().describe_backbone()} + text encoder {self.text_encoder}"
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """h: the L2-normalised projected feature of images ``x``."""
