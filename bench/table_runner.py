@@ -169,14 +169,21 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
     from bench.experiment import build_datamodule, make_fabric, run_experiment, validate
 
     reasons = Counter()
-    todo = []
+    todo, seen, same = [], set(), 0
     for r in runs:
         reason = "--force" if args.force else record_status(r.cfg)[1]
-        if reason != "up to date":
-            todo.append(r)
-            reasons[reason] += 1
+        key = json.dumps(r.cfg.to_dict(), sort_keys=True)
+        if reason == "up to date":
+            continue
+        if key in seen:  # rows made identical (e.g. by --set) share one run and its record
+            same += 1
+            continue
+        seen.add(key)
+        todo.append(r)
+        reasons[reason] += 1
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.items())
-    print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
+    shared = f", {same} identical to another run" if same else ""
+    print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo) - same} up to date{shared}, "
           f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
