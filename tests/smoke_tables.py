@@ -206,19 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     # spawned workers import torch & co once and run whole configs in turn (a fresh process per config
     # would pay the imports 14+ times); the smallest unit of work is one config
-    with multiprocessing.get_context("spawn").Pool(max(1, args.jobs)) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(max(1, args.jobs))
+    timed_out = False
+    try:
         pending = [pool.apply_async(run_config, (c, home, work)) for c in configs]
         deadline = started + args.timeout
         for config, job in zip(configs, pending):
             try:
                 result = job.get(timeout=max(1.0, deadline - time.perf_counter()))
             except multiprocessing.TimeoutError:
+                timed_out = True
                 result = Result(config, False, time.perf_counter() - started, 0, "",
                                 f"not finished within the {args.timeout:.0f} s budget")
             status = "ok  " if result.ok else "FAIL"
             print(f"{status} {result.config.name:32s} {result.runs:4d} runs {result.seconds:6.0f} s  "
                   f"{Path(result.table).name if result.table else ''}", flush=True)
             results.append(result)
+    finally:
+        if timed_out:
+            pool.terminate()
+        else:
+            pool.close()  # let the workers exit on their own (terminating them leaks their semaphores)
+        pool.join()
     failed = [r for r in results if not r.ok]
     for r in failed:
         print(f"\n---- {r.config.name} failed: {r.problem}", file=sys.stderr)
