@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -50,6 +50,11 @@ test: install
 
 test-fast: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -m "not ddp and not regression" $(PYTEST_ARGS)
+
+# Every configs/tables/*.yaml, every row, 1 seed, 2 rounds, 3 clients, 16 px, on generated fixtures in each
+# dataset's official layout with offline weights; fails if any config cannot run (tests/smoke_tables.py).
+smoke-tables: install
+	$(OFFLINE) $(BIN)/python tests/smoke_tables.py $(ARGS)
 
 # Rewrite results/reference/*.json after a deliberate change: make regression-update REASON="why the numbers moved"
 regression-update: install

@@ -2,6 +2,7 @@
 
     fedbench run --config configs/experiments/quick.yaml --method.name fedprox --method.args '{mu: 0.01}'
     fedbench run --print_config
+    fedbench run --data-home /data --data.name kvasir    # datasets under /data by their archive names
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
@@ -18,6 +19,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.errors import FedbenchError, FedbenchWarning
+from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
     "resume": "true: continue from the latest checkpoint, refused if it was written under another config, code "
@@ -35,6 +37,9 @@ def run_parser() -> ArgumentParser:
     defaults, hints = RunConfig(), typing.get_type_hints(RunConfig)
     for field in TOP_LEVEL_KEYS:
         parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field), help=HELP.get(field))
+    parser.add_argument("--data-home", type=str | None, default=None,
+                        help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, "
+                             "else ./data); an explicit --data.root wins")
     return parser
 
 
@@ -45,6 +50,9 @@ def parse_run(argv: list[str]) -> RunConfig:
     init = instantiate(ns)
     kwargs = {k: v for k, v in vars(init).items() if k not in ("config", "__path__")}
     kwargs.pop("print_config", None)
+    if kwargs.get("data_home"):
+        set_data_home(kwargs["data_home"])
+    kwargs.pop("data_home", None)
     return RunConfig(**kwargs)
 
 

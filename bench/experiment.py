@@ -66,7 +66,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction)
+                               val_fraction=d.val_fraction, run_seed=cfg.seed)
 
 
 def method_arg_names(cls: type) -> set[str]:
@@ -116,11 +116,12 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
-def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
-                   observer: RunObserver | None = None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunObserver | None = None,
+                   annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
-    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg))."""
+    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
+    entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
     validate_config(cfg)
     check_outputs(cfg)
     if cfg.threads:
@@ -171,7 +172,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
         "code_version": code_version(),
-        "method": cfg.method.name, "dataset": cfg.data.name, "protocol": protocol, "world_size": fabric.world_size,
+        "method": cfg.method.name, "dataset": cfg.data.name, "data_root": dm.root, **(annotations or {}),
+        "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
         "partition": {**part.to_json(), "counts": counts.tolist()},

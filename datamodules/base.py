@@ -10,6 +10,7 @@ import torch
 from bench.core.errors import DatasetNotFoundError, FedbenchError
 from bench.core.paths import DEFAULT_CACHE_DIR
 from bench.core.registry import Registry
+from datamodules.data_home import HOW_TO_SET, data_home, locate
 from datamodules.fingerprint import tree_fingerprint
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit, cached_decode
@@ -23,12 +24,18 @@ class FederatedDataModule(L.LightningDataModule):
     Subclasses implement :meth:`decode` (read the official layout under ``root`` and return
     uint8 splits at ``image_size``) and set the class attributes. ``setup`` decodes once into
     an on-disk cache; afterwards ``train``/``val``/``test`` are :class:`TensorSplit`.
+
+    Where the files are: an explicit ``root`` wins; otherwise the first of ``home_entries`` (the
+    names the official archive unpacks to) found under the data home (datamodules/data_home.py),
+    else ``default_root`` when it exists. ``run_seed`` is the run's seed, for datasets whose
+    sample selection is part of a trial (FEMNIST draws its writers from it); the others ignore it.
     """
 
     class_names: ClassVar[list[str]]
     in_channels: ClassVar[int] = 3
     default_image_size: ClassVar[int] = 224
     default_root: ClassVar[str | None] = None
+    home_entries: ClassVar[tuple[str, ...]] = ()  # names (or globs) under the data home, preferred first
     mean: ClassVar[tuple[float, ...]] = (0.485, 0.456, 0.406)
     std: ClassVar[tuple[float, ...]] = (0.229, 0.224, 0.225)
     download_hint: ClassVar[str] = ""
@@ -43,9 +50,15 @@ class FederatedDataModule(L.LightningDataModule):
         max_test_samples: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
+        run_seed: int = 0,
     ) -> None:
         super().__init__()
-        self.root = root if root is not None else self.default_root
+        self.root_source = "data.root"
+        self.data_home: Path | None = None
+        if root is None:
+            root, self.root_source = self.resolve_root()
+        self.root = root
+        self.run_seed = run_seed
         self.image_size = int(image_size or self.default_image_size)
         self.cache_dir = cache_dir
         self.max_train_samples = max_train_samples
@@ -71,16 +84,42 @@ class FederatedDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    def resolve_root(self) -> tuple[str | None, str]:
+        """(root, where it came from) when no explicit root is given: the data home, else the default."""
+        if self.home_entries:
+            self.data_home = data_home()
+            found = locate(self.data_home, self.home_entries)
+            if found is not None:
+                return str(found), "data home"
+        if self.default_root and Path(self.default_root).expanduser().exists():
+            return self.default_root, "default"
+        return (None, "none") if self.home_entries else (self.default_root, "default")
+
+    def root_hint(self) -> str:
+        """How to tell fedbench where the dataset is (ends every missing-data message)."""
+        if self.root_source == "data.root":
+            return ("Then pass --data.root /path/to/it (tables: --set data.root=/path/to/it), or leave data.root "
+                    f"unset and unpack it under the data home: {HOW_TO_SET}.")
+        if not self.home_entries:
+            return "Then pass --data.root /path/to/it (tables: --set data.root=/path/to/it)."
+        return (f"To use another data home, {HOW_TO_SET}; an explicit data.root (--data.root; tables: "
+                "--set data.root=/path/to/it) wins over the data home.")
+
     def require_root(self, *must_exist: str) -> Path:
         """The data root, or one clear error naming what to download and where to put it."""
         root = Path(self.root).expanduser() if self.root else None
         missing = [m for m in must_exist if root is None or not (root / m).exists()]
+        if root is None and self.data_home is not None:
+            default = f", then at the default location '{self.default_root}'" if self.default_root else ""
+            raise DatasetNotFoundError(
+                f"Dataset {self.name!r} not found: looked for '{self.data_home / self.home_entries[0]}' "
+                f"(under the data home '{self.data_home}'){default}. {self.download_hint} {self.root_hint()}"
+            )
         if root is None or not root.exists() or missing:
             where = f"'{root}'" if root else "(no --data.root given)"
             what = f" (missing: {', '.join(missing)})" if missing and root and root.exists() else ""
             raise DatasetNotFoundError(
-                f"Dataset {self.name!r} not found at {where}{what}. {self.download_hint} "
-                f"Then pass --data.root /path/to/it."
+                f"Dataset {self.name!r} not found at {where}{what}. {self.download_hint} {self.root_hint()}"
             )
         return root
 
@@ -98,11 +137,11 @@ class FederatedDataModule(L.LightningDataModule):
         root = str(Path(self.root).expanduser().resolve()) if self.root else "-"
         return f"{self.name}|{root}|{self.image_size}|v{self.decode_version}"
 
-    def setup(self, stage: str | None = None) -> None:
-        if getattr(self, "_is_setup", False):
-            return
-        self.fingerprint = self.source_fingerprint()
-        splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint)
+    def load_splits(self) -> tuple[TensorSplit, TensorSplit, TensorSplit]:
+        """(train, val, test) from the decoded cache (keyed by the source files' fingerprint, set by
+        setup); val is carved from train when the data has none."""
+        splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint,
+                               required=("train", "test"))
         train = splits["train"]
         if "val" in splits:
             val = splits["val"]
@@ -111,7 +150,13 @@ class FederatedDataModule(L.LightningDataModule):
                 train.labels.numpy(), [1 - self.val_fraction, self.val_fraction], self.split_seed
             )
             train, val = train.subset(torch.from_numpy(tr_idx)), train.subset(torch.from_numpy(va_idx))
-        test = splits["test"]
+        return train, val, splits["test"]
+
+    def setup(self, stage: str | None = None) -> None:
+        if getattr(self, "_is_setup", False):
+            return
+        self.fingerprint = self.source_fingerprint()
+        train, val, test = self.load_splits()
         if self.max_train_samples:
             train = train.subset(torch.from_numpy(stratified_subset(train.labels.numpy(), self.max_train_samples, self.split_seed)))
         if self.max_test_samples:

@@ -89,7 +89,7 @@ class CIFARDataset(FederatedDataModule):
             if [n.replace("_", " ") for n in names] != self.class_names:
                 raise CorruptDataError(
                     f"'{base / self.meta_file}' lists classes {names[:5]}..., not the {self.name} classes. "
-                    f"Check that --data.root points at the right archive."
+                    f"Check that data.root (or the data home) points at the right archive."
                 )
         out = {}
         for split, files in (("train", self.train_files), ("test", self.test_files)):
@@ -103,6 +103,7 @@ class CIFARDataset(FederatedDataModule):
 @DATASETS.register("cifar10")
 class CIFAR10(CIFARDataset):
     folder = "cifar-10-batches-py"
+    home_entries = ("cifar-10-batches-py",)
     train_files: ClassVar[list[str]] = [f"data_batch_{i}" for i in range(1, 6)]
     test_files: ClassVar[list[str]] = ["test_batch"]
     meta_file = "batches.meta"
@@ -115,7 +116,7 @@ class CIFAR10(CIFARDataset):
     std = (0.2470, 0.2435, 0.2616)
     download_hint = (
         "Download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and unpack it "
-        "into the data root, so that <root>/cifar-10-batches-py/data_batch_1..5, test_batch and "
+        "into the data home, so that <data home>/cifar-10-batches-py/data_batch_1..5, test_batch and "
         "batches.meta exist (torchvision's download folder works as is)."
     )
 
@@ -123,6 +124,7 @@ class CIFAR10(CIFARDataset):
 @DATASETS.register("cifar100")
 class CIFAR100(CIFARDataset):
     folder = "cifar-100-python"
+    home_entries = ("cifar-100-python",)
     train_files: ClassVar[list[str]] = ["train"]
     test_files: ClassVar[list[str]] = ["test"]
     meta_file = "meta"
@@ -133,6 +135,6 @@ class CIFAR100(CIFARDataset):
     std = (0.2673, 0.2564, 0.2762)
     download_hint = (
         "Download cifar-100-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and unpack it "
-        "into the data root, so that <root>/cifar-100-python/train, test and meta exist "
+        "into the data home, so that <data home>/cifar-100-python/train, test and meta exist "
         "(torchvision's download folder works as is). The 100 fine labels are used."
     )

@@ -66,7 +66,7 @@ class ClassFolderDataset(FederatedDataModule):
         train, test = self.split_dirs["train"][0], self.split_dirs["test"][0]
         return DatasetNotFoundError(
             f"Dataset {self.name!r}: no '{train}/' and '{test}/' folders (each with one folder per class) "
-            f"found under '{root}'. {self.download_hint} Then pass --data.root /path/to/it."
+            f"found under '{root}'. {self.download_hint} {self.root_hint()}"
         )
 
     def decode(self) -> dict[str, TensorSplit]:
@@ -152,13 +152,14 @@ class CINIC10(ClassFolderDataset):
         "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
     ]
     class_names: ClassVar[list[str]] = [str(d) for d in class_dirs]
+    home_entries = ("CINIC-10", "cinic-10", "cinic10")
     in_channels = 3
     default_image_size = 32
     mean = (0.4789, 0.4723, 0.4305)  # published CINIC-10 statistics
     std = (0.2421, 0.2383, 0.2587)
     download_hint = (
         "Download CINIC-10.tar.gz from https://datashare.ed.ac.uk/handle/10283/3192 and unpack it "
-        "into the data root, so that <root>/train, <root>/valid and <root>/test each hold the "
+        "into <data home>/CINIC-10/, so that its train/, valid/ and test/ folders each hold the "
         "10 class folders."
     )
 
@@ -177,6 +178,7 @@ class BrainTumor(ClassFolderDataset):
         ("notumor", "no_tumor"), ("pituitary", "pituitary_tumor"),
     ]
     class_names: ClassVar[list[str]] = ["glioma tumor", "meningioma tumor", "no tumor", "pituitary tumor"]
+    home_entries = ("brain-tumor-classification-mri", "brain-tumor-mri-dataset", "brain-tumor")
     in_channels = 3
     default_image_size = 224
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics (CLIP-style pretrained encoders)
@@ -184,8 +186,9 @@ class BrainTumor(ClassFolderDataset):
     download_hint = (
         "Download the Kaggle dataset 'Brain Tumor Classification (MRI)' "
         "(kaggle datasets download -d sartajbhuvaji/brain-tumor-classification-mri; or Nickparvar's "
-        "'Brain Tumor MRI Dataset', masoudnickparvar/brain-tumor-mri-dataset) and unzip it into the data "
-        "root, so that <root>/Training/<class>/ and <root>/Testing/<class>/ exist for the 4 classes "
+        "'Brain Tumor MRI Dataset', masoudnickparvar/brain-tumor-mri-dataset) and unzip it into "
+        "<data home>/brain-tumor-classification-mri/, so that its Training/<class>/ and Testing/<class>/ exist "
+        "for the 4 classes "
         "(glioma, meningioma, notumor, pituitary; the *_tumor spellings work too)."
     )
 
@@ -199,6 +202,8 @@ class SkinCancer(ClassFolderDataset):
         "pigmented benign keratosis", "seborrheic keratosis", "squamous cell carcinoma", "vascular lesion",
     ]
     class_names: ClassVar[list[str]] = [str(d) for d in class_dirs]
+    home_entries = ("Skin cancer ISIC The International Skin Imaging Collaboration", "skin-cancer9-classesisic",
+                    "skin-cancer")
     in_channels = 3
     default_image_size = 224
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics (CLIP-style pretrained encoders)
@@ -206,6 +211,6 @@ class SkinCancer(ClassFolderDataset):
     download_hint = (
         "Download the Kaggle dataset 'Skin Cancer ISIC The International Skin Imaging Collaboration' "
         "(kaggle datasets download -d nodoubttome/skin-cancer9-classesisic) and unzip it into the data "
-        "root; its folder 'Skin cancer ISIC The International Skin Imaging Collaboration' holds Train/ and "
+        "home; its folder 'Skin cancer ISIC The International Skin Imaging Collaboration' holds Train/ and "
         "Test/, each with the 9 class folders (actinic keratosis, ..., vascular lesion)."
     )

@@ -51,13 +51,14 @@ class FashionMNIST(FederatedDataModule):
     in_channels = 1
     default_image_size = 28
     default_root = "/usr/share/datasets/fashion-mnist"
+    home_entries = ("fashion-mnist",)
     mean = (0.2860,)
     std = (0.3530,)
     download_hint = (
         "Install Debian's package (apt-get install dataset-fashion-mnist, files land in "
         "/usr/share/datasets/fashion-mnist) or download the four IDX files "
         "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
-        "t10k-labels-idx1-ubyte.gz) from github.com/zalandoresearch/fashion-mnist into one folder."
+        "t10k-labels-idx1-ubyte.gz) from github.com/zalandoresearch/fashion-mnist into <data home>/fashion-mnist/."
     )
 
     def source_paths(self) -> list[Path]:

@@ -68,15 +68,16 @@ class FedISIC2019(FederatedDataModule):
         "benign keratosis", "dermatofibroma", "vascular lesion", "squamous cell carcinoma",
     ]
     centre_names: ClassVar[tuple[str, ...]] = CENTRE_NAMES
+    home_entries = ("fed_isic2019",)
     in_channels = 3
     default_image_size = 224
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics (ImageNet-pretrained EfficientNet)
     std = (0.229, 0.224, 0.225)
     download_hint = (
         "Prepare Fed-ISIC2019 with FLamby (https://github.com/owkin/FLamby, flamby/datasets/fed_isic2019): "
-        "accept the ISIC 2019 and HAM10000 licences, run download_isic.py --output-folder <root> and "
-        f"resize_images.py, so that <root>/{IMAGE_DIR}/*.jpg exist, and copy FLamby's "
-        "dataset_creation_scripts/train_test_split file into <root>."
+        "accept the ISIC 2019 and HAM10000 licences, run download_isic.py --output-folder <data home>/fed_isic2019 and "
+        f"resize_images.py, so that <data home>/fed_isic2019/{IMAGE_DIR}/*.jpg exist, and copy FLamby's "
+        "dataset_creation_scripts/train_test_split file into <data home>/fed_isic2019/."
     )
 
     def split_file(self, root: Path) -> Path:
@@ -97,7 +98,7 @@ class FedISIC2019(FederatedDataModule):
             raise DatasetNotFoundError(
                 f"Dataset {self.name!r}: '{split_path}' has no labels (target or {'/'.join(CLASS_CODES)} columns) "
                 f"and {GROUND_TRUTH} is missing under '{root}'. Download it from "
-                "https://challenge.isic-archive.com/data/#2019 into the data root.")
+                f"https://challenge.isic-archive.com/data/#2019 into '{root}'.")
         return {r["image"]: one_hot_label(r, str(gt)) for r in read_csv_rows(gt, ("image", *CLASS_CODES))}
 
     def decode(self) -> dict[str, TensorSplit]:

@@ -28,6 +28,7 @@ class Kvasir(FederatedDataModule):
         "dyed lifted polyp", "dyed resection margin", "esophagitis", "cecum",
         "pylorus", "Z-line", "polyps", "ulcerative colitis",
     ]
+    home_entries = ("kvasir-dataset-v2", "kvasir")
     in_channels = 3
     default_image_size = 128
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics, as in the FedBM protocol
@@ -36,7 +37,7 @@ class Kvasir(FederatedDataModule):
         "Download the official Kvasir-v2 archive kvasir-dataset-v2.zip from "
         "https://datasets.simula.no/kvasir/ "
         "(https://datasets.simula.no/downloads/kvasir/kvasir-dataset-v2.zip) "
-        "and unzip it into the data root, so that <root>/kvasir-dataset-v2/<8 class folders>/*.jpg exist."
+        "and unzip it into the data home, so that <data home>/kvasir-dataset-v2/<8 class folders>/*.jpg exist."
     )
 
     def decode(self) -> dict[str, TensorSplit]:

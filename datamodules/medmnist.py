@@ -90,7 +90,7 @@ class MedMNISTDataset(FederatedDataModule):
             wanted = ", ".join(medmnist_filename(self.flag, s) for s in MEDMNIST_SIZES)
             raise DatasetNotFoundError(
                 f"Dataset {self.name!r} not found at '{root}' (none of {wanted}). {self.download_hint} "
-                f"Then pass --data.root /path/to/it."
+                f"{self.root_hint()}"
             )
         out = {}
         for split, (images, labels) in read_medmnist_npz(path).items():
@@ -109,6 +109,7 @@ class HAM10000(MedMNISTDataset):
     """HAM10000 dermatoscopic images, 7 classes, as DermaMNIST."""
 
     flag = "dermamnist"
+    home_entries = ("dermamnist*.npz",)
     class_names: ClassVar[list[str]] = [
         "actinic keratoses and intraepithelial carcinoma", "basal cell carcinoma",
         "benign keratosis-like lesions", "dermatofibroma", "melanoma", "melanocytic nevi", "vascular lesions",
@@ -118,7 +119,7 @@ class HAM10000(MedMNISTDataset):
     download_hint = (
         "Download dermamnist_128.npz (or dermamnist.npz / dermamnist_64.npz / dermamnist_224.npz) of "
         "MedMNIST+ from https://zenodo.org/records/10519652 (linked from https://medmnist.com) into one "
-        "folder, the data root (default ~/.medmnist, where `pip install medmnist` downloads go)."
+        "folder: the data home (else ~/.medmnist, where `pip install medmnist` downloads go)."
     )
 
 
@@ -127,6 +128,7 @@ class PBC(MedMNISTDataset):
     """PBC peripheral blood cell images, 8 classes, as BloodMNIST."""
 
     flag = "bloodmnist"
+    home_entries = ("bloodmnist*.npz",)
     class_names: ClassVar[list[str]] = [
         "basophil", "eosinophil", "erythroblast",
         "immature granulocytes (myelocytes, metamyelocytes and promyelocytes)",
@@ -137,5 +139,5 @@ class PBC(MedMNISTDataset):
     download_hint = (
         "Download bloodmnist_128.npz (or bloodmnist.npz / bloodmnist_64.npz / bloodmnist_224.npz) of "
         "MedMNIST+ from https://zenodo.org/records/10519652 (linked from https://medmnist.com) into one "
-        "folder, the data root (default ~/.medmnist, where `pip install medmnist` downloads go)."
+        "folder: the data home (else ~/.medmnist, where `pip install medmnist` downloads go)."
     )

@@ -22,13 +22,14 @@ class OCTC8(ClassFolderDataset):
         "Age-related macular degeneration", "Choroidal neovascularization", "Central serous retinopathy",
         "Diabetic macular edema", "Diabetic retinopathy", "Choroidal drusen", "Macular hole", "Normal retina",
     ]
+    home_entries = ("OCT-C8", "RetinalOCT_Dataset", "oct-c8")
     in_channels = 3
     default_image_size = 128
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics, as in the FedBM protocol
     std = (0.229, 0.224, 0.225)
     download_hint = (
         "Download the Kaggle dataset 'Retinal OCT Images (OCT-C8)' "
-        "(kaggle datasets download -d obulisainaren/retinal-oct-c8) and unzip it into the data root, "
+        "(kaggle datasets download -d obulisainaren/retinal-oct-c8) and unzip it into <data home>/OCT-C8/, "
         "so that train/, val/ and test/ folders (possibly inside RetinalOCT_Dataset/RetinalOCT_Dataset/) "
         "each hold the 8 class folders AMD, CNV, CSR, DME, DR, DRUSEN, MH, NORMAL."
     )

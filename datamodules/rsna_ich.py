@@ -78,6 +78,7 @@ def index_images(folder: Path) -> dict[str, Path]:
 @DATASETS.register("rsna-ich")
 class RSNAICH(FederatedDataModule):
     class_names: ClassVar[list[str]] = [f"{s} hemorrhage" for s in SUBTYPES]
+    home_entries = ("rsna-intracranial-hemorrhage-detection", "rsna-ich", "rsna_ich")
     in_channels = 1
     default_image_size = 128
     mean = (0.456,)  # FedNPR's code normalises with ImageNet's green-channel statistics
@@ -85,7 +86,8 @@ class RSNAICH(FederatedDataModule):
     download_hint = (
         "Get the RSNA Intracranial Hemorrhage Detection data (https://www.kaggle.com/competitions/"
         "rsna-intracranial-hemorrhage-detection), window the DICOM slices (e.g. brain window) and save them as "
-        "PNG; then put stage_2_train.csv and the folder images/ID_<slice>.png under the data root, or the "
+        "PNG; then put stage_2_train.csv and the folder images/ID_<slice>.png under "
+        "<data home>/rsna-intracranial-hemorrhage-detection/ (the competition's archive name), or the "
         f"single-subtype slices in class folders <root>/{{{','.join(SUBTYPES)}}}/*.png."
     )
 
@@ -113,7 +115,7 @@ class RSNAICH(FederatedDataModule):
         else:
             raise DatasetNotFoundError(
                 f"Dataset {self.name!r}: neither {' nor '.join(LABEL_FILES)} nor class folders "
-                f"({', '.join(SUBTYPES)}) found under '{root}'. {self.download_hint} Then pass --data.root /path/to/it.")
+                f"({', '.join(SUBTYPES)}) found under '{root}'. {self.download_hint} {self.root_hint()}")
         images = decode_image_files(paths, self.image_size, self.in_channels, desc=f"decoding {self.name}")
         labels_t = torch.from_numpy(labels)
         train, test = (torch.from_numpy(p) for p in

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +27,19 @@ class TensorSplit:
     groups: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        for name in ("images", "labels", "groups"):
+            value = getattr(self, name)
+            if not (isinstance(value, torch.Tensor) or name == "groups" and value is None):
+                raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
             raise TypeError(f"images must be uint8 [N, C, H, W], got {self.images.dtype} {tuple(self.images.shape)}")
+        if self.labels.ndim != 1 or self.labels.is_floating_point() or self.labels.is_complex():
+            raise TypeError(f"labels must be integers [N], got {self.labels.dtype} {tuple(self.labels.shape)}")
         self.labels = self.labels.long()
         if len(self.images) != len(self.labels):
             raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+        if self.groups is not None and tuple(self.groups.shape) != (len(self.labels),):
+            raise ValueError(f"groups must be one id per sample [{len(self.labels)}], got {tuple(self.groups.shape)}")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -71,23 +79,44 @@ def _read_cache(path: Path) -> dict | None:
         return None
 
 
+def cached_splits(raw: dict, required: Sequence[str], grouped: Sequence[str]) -> dict[str, TensorSplit]:
+    """The TensorSplits stored in a decode cache file's ``splits``; TypeError/ValueError when they are
+    not what this version writes (another layout, a missing split or group ids, wrong types)."""
+    stored = raw.get("splits")
+    if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
+        raise TypeError("its 'splits' is not a mapping of split name -> fields")
+    missing = [name for name in required if name not in stored]
+    if missing:
+        raise ValueError(f"it has no {', '.join(repr(m) for m in missing)} split (holds {sorted(map(str, stored))})")
+    splits = {name: TensorSplit(**fields) for name, fields in stored.items()}
+    ungrouped = [name for name in grouped if splits[name].groups is None]
+    if ungrouped:
+        raise ValueError(f"its {', '.join(repr(u) for u in ungrouped)} split has no group ids")
+    return splits
+
+
 def cached_decode(
-    cache_dir: str | os.PathLike, key: str, decode: Callable[[], dict[str, TensorSplit]], fingerprint: str = "-"
+    cache_dir: str | os.PathLike, key: str, decode: Callable[[], dict[str, TensorSplit]], fingerprint: str = "-",
+    required: Sequence[str] = (), grouped: Sequence[str] = (),
 ) -> dict[str, TensorSplit]:
     """Return the decoded splits for ``key``, decoding with ``decode()`` only when the cache file is
-    missing, unreadable, or was built from other files (``fingerprint``, see datamodules/fingerprint.py)."""
+    missing, unreadable, was built from other files (``fingerprint``, see datamodules/fingerprint.py),
+    or holds another format than this version writes (a file of an older or other fedbench: any
+    other layout, without one of the ``required`` split names, or without group ids in a ``grouped``
+    split, is decoded again and replaced)."""
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.pt"
     raw = _read_cache(path) if path.exists() else None
     if raw is not None:
-        if raw.get("key") == key and raw.get("fingerprint") == fingerprint and isinstance(raw.get("splits"), dict):
+        if raw.get("key") == key and raw.get("fingerprint") == fingerprint:
             try:
-                return {name: TensorSplit(**fields) for name, fields in raw["splits"].items()}
+                return cached_splits(raw, (*required, *grouped), grouped)
             except (TypeError, ValueError) as err:
-                warnings.warn(f"decode cache {path} holds malformed splits ({err}); decoding again.", FedbenchWarning,
-                              stacklevel=2)
+                warnings.warn(f"decode cache {path} is in another format than this fedbench writes ({err}); "
+                              "decoding the dataset again.", FedbenchWarning, stacklevel=2)
         else:
             why = ("was written by an older fedbench (no file fingerprint)" if "fingerprint" not in raw else
+                   "was written for another dataset or decoding (its key differs)" if raw.get("key") != key else
                    "was built from other files than those now under the data root (files added, removed or changed)")
             warnings.warn(f"decode cache {path} {why}; decoding again.", FedbenchWarning, stacklevel=2)
     splits = decode()

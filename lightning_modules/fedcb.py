@@ -155,6 +155,12 @@ class FedCB(FederatedModule):
         else:
             self.head = LKCCHead(self.feature_dim, mu, sigma, self.tau, use_variance=classifier == "distribution")
 
+    def describe_backbone(self) -> str:
+        """The image backbone and the weights behind the frozen classifier (records and tables name both)."""
+        if self.classifier == "random_frozen":
+            return f"{super().describe_backbone()} + random frozen classifier (no text encoder run)"
+        return f"{super().describe_backbone()} + text encoder {self.text_encoder}"
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """h: the L2-normalised projected feature of images ``x``."""
         return self.head.embed(self.features(x))

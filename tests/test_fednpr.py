@@ -2,15 +2,17 @@
 rank invariance, the Fed-ISIC2019 and RSNA-ICH loaders, and the offline EfficientNet-Lite0 weights."""
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from official_layouts import ICH_SUBTYPES as SUBTYPES
+from official_layouts import build_isic, build_rsna_csv
+from official_layouts import ich_grey as grey
+from official_layouts import isic_colour as colour
 from PIL import Image
 
 from bench.core.batches import DeviceData
@@ -268,43 +270,6 @@ def test_fednpr_same_global_model_with_one_and_two_ranks(tiny_cfg):
 
 
 # ---- data -------------------------------------------------------------------------------------
-ISIC_CODES = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC"]
-
-
-def colour(label: int, centre: int) -> tuple[int, int, int]:
-    return (20 + 28 * label, 30 + 35 * centre, 128)
-
-
-def build_isic(root: Path, with_target: bool = True) -> list[tuple[str, int, int, str]]:
-    """FLamby layout: 6 centres x 8 classes x (2 train + 1 test) solid-colour JPEGs."""
-    images = root / "ISIC_2019_Training_Input_preprocessed"
-    images.mkdir(parents=True)
-    rows = []
-    for centre in range(6):
-        for label in range(8):
-            for i, fold in enumerate(("train", "train", "test")):
-                name = f"ISIC_{centre}{label}{i:05d}" + ("_downsampled" if centre == 4 else "")
-                Image.new("RGB", (20, 14), colour(label, centre)).save(images / f"{name}.jpg", quality=95)
-                rows.append((name, label, centre, fold))
-    header = ["image", *ISIC_CODES, "UNK"] + (["target"] if with_target else []) + ["center", "fold", "fold2"]
-    with open(root / "train_test_split", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header if with_target else ["image", "center", "fold", "fold2"])
-        for name, label, centre, fold in rows:
-            onehot = [f"{float(i == label):.1f}" for i in range(8)] + ["0.0"]
-            if with_target:
-                w.writerow([name, *onehot, label, centre, fold, f"{fold}_{centre}"])
-            else:
-                w.writerow([name, centre, fold, f"{fold}_{centre}"])
-    if not with_target:
-        with open(root / "ISIC_2019_Training_GroundTruth.csv", "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["image", *ISIC_CODES, "UNK"])
-            for name, label, _, _ in rows:
-                w.writerow([name, *[f"{float(i == label):.1f}" for i in range(8)], "0.0"])
-    return rows
-
-
 @pytest.mark.parametrize("with_target", [True, False])
 def test_fed_isic2019_reads_flamby_layout_with_centres(tmp_path, with_target):
     build_isic(tmp_path / "isic", with_target)
@@ -336,39 +301,6 @@ def test_fed_isic2019_missing_files_say_what_to_do(tmp_path):
     (root / "train_test_split").unlink()
     with pytest.raises(DatasetNotFoundError, match="no train_test_split or train_test_split.csv"):
         dm.decode()
-
-
-SUBTYPES = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
-
-
-def grey(label: int) -> int:
-    return 20 + 50 * label
-
-
-def build_rsna_csv(root: Path) -> dict[str, int]:
-    """Kaggle label file + images/ID_<x>.png; returns the slices a loader must keep, with labels."""
-    (root / "images").mkdir(parents=True)
-    keep, rows = {}, []
-    rng = np.random.default_rng(0)
-    for i in range(60):
-        sid = f"ID_{i:09x}"
-        kind = i % 6  # 0-4: single subtype, 5: alternately healthy / two subtypes
-        positives = {kind} if kind < 5 else (set() if i % 12 == 5 else {1, 3})
-        label = kind if kind < 5 else 0
-        for s, name in enumerate(SUBTYPES):
-            rows.append((f"{sid}_{name}", int(s in positives)))
-        rows.append((f"{sid}_any", int(bool(positives))))
-        arr = np.full((12, 12), grey(label), dtype=np.uint16) * 257  # a 16-bit PNG, as windowed CT
-        Image.fromarray(arr).save(root / "images" / f"{sid}.png")
-        if len(positives) == 1:
-            keep[sid] = kind
-    rows += rows[:6]  # the stage-2 file repeats some slices
-    rng.shuffle(rows)
-    with open(root / "stage_2_train.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["ID", "Label"])
-        w.writerows(rows)
-    return keep
 
 
 def test_rsna_ich_csv_layout_keeps_single_subtype_slices(tmp_path):

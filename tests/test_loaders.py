@@ -1,7 +1,6 @@
 """Dataset loaders on tiny fixtures of each official layout: shapes, labels, splits, cache, errors."""
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +8,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from official_layouts import (
+    BT_DIRS,
+    CINIC_DIRS,
+    KVASIR_DIRS,
+    OCT_DIRS,
+    SC_DIRS,
+    SC_WRAPPER,
+    colour,
+    dump,
+    grey,
+    write_cifar10,
+    write_cifar100,
+    write_class_tree,
+    write_kvasir,
+    write_medmnist,
+    write_oct,
+)
 from PIL import Image
 
 from bench.core.errors import CorruptDataError, DatasetNotFoundError
@@ -17,52 +33,16 @@ from datamodules.image_files import decode_image_files, scan_class_folders
 from datamodules.medmnist import choose_medmnist_file
 
 
-# ---- fixtures of the official layouts -----------------------------------------------------------
-def colour(label: int) -> tuple[int, int, int]:
-    """A distinct solid colour per class, so decoded pixels reveal the label they were stored under."""
-    return (30 + 20 * label, 220 - 20 * label, 128)
-
-
-def grey(label: int) -> tuple[int, int, int]:
-    v = 30 + 20 * label
-    return (v, v, v)
-
-
-def write_class_tree(
-    base: Path, class_dirs: list[str], per_class: int, ext: str = "jpg", mode: str = "RGB"
-) -> None:
-    for label, name in enumerate(class_dirs):
-        folder = base / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            value = colour(label) if mode == "RGB" else grey(label)[0]
-            Image.new(mode, (14, 10), value).save(folder / f"img_{i:03d}.{ext}")
-
-
-KVASIR_DIRS = ["dyed-lifted-polyps", "dyed-resection-margins", "esophagitis", "normal-cecum",
-               "normal-pylorus", "normal-z-line", "polyps", "ulcerative-colitis"]
-OCT_DIRS = ["AMD", "CNV", "CSR", "DME", "DR", "DRUSEN", "MH", "NORMAL"]
-CINIC_DIRS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-BT_DIRS = ["glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor"]  # Bhuvaji et al. spelling
-SC_DIRS = ["actinic keratosis", "basal cell carcinoma", "dermatofibroma", "melanoma", "nevus",
-           "pigmented benign keratosis", "seborrheic keratosis", "squamous cell carcinoma", "vascular lesion"]
-SC_WRAPPER = "Skin cancer ISIC The International Skin Imaging Collaboration"
-
-
+# ---- fixtures of the official layouts (writers in tests/official_layouts.py) ------------------------------
 def build_kvasir(tmp: Path) -> tuple[Path, Path]:
     base = tmp / "kvasir" / "kvasir-dataset-v2"
-    write_class_tree(base, KVASIR_DIRS, 10)
-    (base / ".DS_Store").write_bytes(b"\0")  # archive debris is ignored
-    (base / "polyps" / "readme.txt").write_text("not an image")
-    (base / "polyps" / "._img_000.jpg").write_bytes(b"\0\1")  # macOS resource fork
+    write_kvasir(base, 10)  # JPEGs of the archive's mixed sizes, plus its debris
     return tmp / "kvasir", base / "polyps"
 
 
 def build_oct(tmp: Path) -> tuple[Path, Path]:
-    base = tmp / "oct" / "RetinalOCT_Dataset" / "RetinalOCT_Dataset"
-    for split, n in (("train", 3), ("val", 1), ("test", 2)):
-        write_class_tree(base / split, OCT_DIRS, n, mode="L")
-    return tmp / "oct", base / "test" / "DR"
+    write_oct(tmp / "oct", {"train": 3, "val": 1, "test": 2})
+    return tmp / "oct", tmp / "oct" / "RetinalOCT_Dataset" / "RetinalOCT_Dataset" / "test" / "DR"
 
 
 def build_cinic(tmp: Path) -> tuple[Path, Path]:
@@ -242,16 +222,6 @@ def test_class_folder_half_split_layout(tmp_path):
 
 
 # ---- MedMNIST+ --------------------------------------------------------------------------------
-def write_medmnist(path: Path, size: int, counts: dict[str, int], num_classes: int) -> None:
-    arrays = {}
-    for split, n in counts.items():
-        labels = np.arange(n) % num_classes
-        images = np.zeros((n, size, size, 3), dtype=np.uint8)
-        images[:] = np.array([colour(int(y)) for y in labels], dtype=np.uint8)[:, None, None, :]
-        arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels[:, None].astype(np.uint8)
-    np.savez_compressed(path, **arrays)
-
-
 @pytest.mark.parametrize(
     ("name", "flag", "num_classes"), [("ham10000", "dermamnist", 7), ("pbc", "bloodmnist", 8)]
 )
@@ -293,40 +263,13 @@ def test_medmnist_corrupt_file(tmp_path):
 
 
 # ---- CIFAR ------------------------------------------------------------------------------------
-def cifar_rows(labels: np.ndarray) -> np.ndarray:
-    """Rows as in the official pickles: 1024 red, then green, then blue values (row-major 32x32)."""
-    planes = np.array([colour(int(y) % 10) for y in labels], dtype=np.uint8)  # [N, 3]
-    return np.repeat(planes, 1024, axis=1)
-
-
-def dump(path: Path, obj: dict) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump({k.encode(): v for k, v in obj.items()}, fh, protocol=2)
-
-
 def build_cifar10(tmp: Path) -> Path:
-    base = tmp / "c10" / "cifar-10-batches-py"
-    base.mkdir(parents=True)
-    for i in range(1, 6):
-        labels = [(i + j) % 10 for j in range(6)]
-        dump(base / f"data_batch_{i}", {"data": cifar_rows(np.array(labels)), "labels": labels})
-    dump(base / "test_batch", {"data": cifar_rows(np.arange(10)), "labels": list(range(10))})
-    names = [n.encode() for n in CINIC_DIRS]  # CIFAR-10's classes, same order
-    dump(base / "batches.meta", {"label_names": names})
+    write_cifar10(tmp / "c10" / "cifar-10-batches-py")
     return tmp / "c10"
 
 
 def build_cifar100(tmp: Path) -> Path:
-    from datamodules.cifar import CIFAR100_FINE
-
-    base = tmp / "c100" / "cifar-100-python"
-    base.mkdir(parents=True)
-    train = np.arange(40) % 11 * 9  # fine labels 0..90
-    test = np.arange(11)
-    for name, labels in (("train", train), ("test", test)):
-        rows, fine, coarse = cifar_rows(labels), labels.tolist(), [0] * len(labels)
-        dump(base / name, {"data": rows, "fine_labels": fine, "coarse_labels": coarse})
-    dump(base / "meta", {"fine_label_names": [n.encode() for n in CIFAR100_FINE], "coarse_label_names": []})
+    write_cifar100(tmp / "c100" / "cifar-100-python", np.arange(40) % 11 * 9, np.arange(11))  # fine labels 0..90
     return tmp / "c100"
 
 

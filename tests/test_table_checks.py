@@ -88,3 +88,25 @@ def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
     average = cells[("A", "average", "accuracy")]
     assert average["values"] == [70.0, 71.0] and average["warnings"] == ["seed 1: collapsed"]
     assert fmt(average).endswith(" ⚠") and not fmt(cells[("B", "average", "accuracy")]).endswith("⚠")
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["fed.rounds=0"], "Table checks_digits: --set fed.rounds=0: fed.rounds must be >= 1, got 0."),
+    (["data.image_size=4"], "--set data.image_size=4: data.image_size must be >= 8"),
+    (["fed.lr_decay=-1"], "--set fed.lr_decay=-1.0: fed.lr_decay must be in (0, 1]"),
+    (["method.args.mu=abc"], "--set method.args.mu=\"abc\": method.args.mu of 'fedprox' must be float, got 'abc'"),
+    (["fed.rounds=two"], "--set fed.rounds: expected int, got 'two'."),
+    (["data.root=/nonexistent/digits-home", "data.name=fashion-mnist"],
+     "Dataset 'fashion-mnist' not found at '/nonexistent/digits-home'"),
+], ids=["rounds", "image-size", "lr-decay", "method-arg-type", "type", "missing-data"])
+def test_a_bad_override_stops_the_table_before_any_run(tmp_path, capsys, sets, message):
+    """`--set` values go through the same option validation as the config's own (bench/validation.py):
+    one error naming the --set, before the first run, nothing written."""
+    argv = table(tmp_path, GOOD)
+    for item in sets:
+        argv += ["--set", item]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err and err.count("fedbench: error:") == 1
+    assert files(tmp_path / "runs") == [] and files(tmp_path / "tables") == []

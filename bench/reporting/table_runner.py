@@ -11,6 +11,11 @@ only, and rows sharing a label fill one table row). A run's partition is the bas
 own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
 row can reproduce are left out (reported by ``fedbench coverage``). Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
+
+Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
+on every run, ``--seeds`` / ``--rows`` subsets; ``--data-home`` (or $FEDBENCH_DATA) is the folder the
+datasets are found in by their archive names (datamodules/data_home.py). The overridden runs are
+checked like the config's own (bench/validation.py), every one before the first starts.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from bench.core.errors import FedbenchError
 from bench.records import load_record, record_path
 from bench.reporting.columns import columns_from, table_columns
 from bench.reporting.spec import canonical, check_overrides, deep_merge, load_spec, run_config, with_defaults
+from bench.reporting.table_overrides import TableOverrides
+from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered"}
@@ -162,18 +169,34 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wandb", action="store_true",
                         help="log the runs and the rendered table to W&B (also: 'wandb: true' in the table config)")
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
+    parser.add_argument("--data-home", default=None,
+                        help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run option in every run, e.g. --set fed.rounds=2 --set data.image_size=64 "
+                             "(repeatable; the table is then labelled and filed as a reduced run)")
+    parser.add_argument("--seeds", default=None, help="run only these of the config's seeds, e.g. --seeds 0 or 0,1")
+    parser.add_argument("--rows", action="append", default=None,
+                        help="run only these rows, by label: --rows FedAvg,FedBM (repeat --rows for labels with commas)")
     args = parser.parse_args(argv)
 
     from bench.reporting.tables import render_table
 
-    spec = load_table_config(args.config)
-    args.wandb = args.wandb or bool(spec.get("wandb"))
-    runs = plan_runs(spec, args.output_dir, check_records=args.render_only)
-    if not args.render_only:
-        check_plan(runs, spec, args)
-    if not args.render_only and execute(runs, spec, args) != 0:
-        return 0  # other ranks: rank 0 renders
-    paths = render_table(spec, runs, args.tables_dir)
+    if args.data_home:
+        set_data_home(args.data_home)
+    full_spec = load_table_config(args.config)
+    args.wandb = args.wandb or bool(full_spec.get("wandb"))
+    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows)
+    spec = overrides.select(full_spec)
+    runs = plan_runs(spec, args.output_dir, check_records=False)
+    overrides.apply(runs)
+    if args.render_only:
+        check_shared_records(runs)
+    else:
+        check_plan(runs, spec, args, overrides)
+        if execute(runs, spec, args, overrides.record()) != 0:
+            return 0  # other ranks: rank 0 renders
+    paths = render_table(spec, runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
+                         changes=overrides.describe(full_spec), reduced=not overrides.full_budget)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
@@ -191,9 +214,10 @@ def run_label(r: PlannedRun) -> str:
     return f"({column}, seed {r.seed})"
 
 
-def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
-    """Every planned run's options (bench/validation.py), rows sharing a record, and the output
-    folders, before any run starts."""
+def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrides | None = None) -> None:
+    """Every planned run's options (bench/validation.py; with the command-line overrides applied),
+    rows sharing a record, and the output folders, before any run starts. An invalid value given with
+    --set is named as such: it is the same error in every row."""
     from bench.validation import check_writable, validate_config
 
     devices = args.devices or spec.get("devices", 1)
@@ -202,6 +226,9 @@ def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
         try:
             validate_config(r.cfg)
         except FedbenchError as err:
+            given = overrides.blamed(str(err)) if overrides is not None else None
+            if given is not None:
+                raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: --set {given}: {err}") from err
             raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} {run_label(r)}: {err}") from err
     check_shared_records(runs)
     for folder, option in {(r.cfg.output_dir, "--output-dir") for r in runs} | {(args.tables_dir, "--tables-dir")}:
@@ -220,8 +247,9 @@ def check_data(todo: list[PlannedRun]) -> None:
             build_datamodule(r.cfg).setup()
 
 
-def execute(runs: list[PlannedRun], spec: dict, args) -> int:
-    """Run the runs without a matching record; returns this process's global rank."""
+def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
+    """Run the runs without a matching record; returns this process's global rank. ``annotations``
+    (the command-line overrides) are stored in every record and W&B run."""
     from bench.experiment import make_fabric, run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 
@@ -247,5 +275,6 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")
-        run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir))
+        run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir, annotations),
+                       annotations=annotations)
     return fabric.global_rank

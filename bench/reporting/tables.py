@@ -148,10 +148,22 @@ def protocol_note(labels: list[str], protocols: dict[str, RowProtocol], table_ru
     return " ".join(parts)
 
 
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
-                 papers_root: str = "results/paper") -> dict[str, str]:
-    """Write <table>_<dataset>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
-    ``papers_root``: where the papers' numbers are (results/paper)."""
+def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str:
+    """Which weights each row ran with (from its records), rows with the same weights grouped."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        for rec in (records.get(id(r)) for r in runs if r.label == label):
+            if rec is not None and label not in groups.setdefault(rec.get("backbone", "?"), []):
+                groups[rec.get("backbone", "?")].append(label)
+    return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
+
+
+def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
+                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
+    """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
+    ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
+    <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
+    config; ``reduced``: not the config's budget, which the title then says."""
     metrics = spec.get("metrics", ["accuracy", "f1"])
     columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
@@ -169,7 +181,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
         cell.update(per[primary] if primary else compare(cell, None))
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
-    name = f"{spec['table']}_{spec['dataset']}"
+    name = name or f"{spec['table']}_{spec['dataset']}"
     some = next(iter(records.values()), None)
     shown = ", ".join(papers) or "none"
 
@@ -200,9 +212,13 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
                     row += fmt_paper(cmp, note)
         rows.append(row)
 
-    md = [f"# {spec.get('title', name)}", ""]
+    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
+                                                                      if reduced else "")
+    md = [f"# {title}", ""]
+    if changes:
+        md += [*changes, ""]
     if some is not None:
-        md += [f"Setup: {setup_line(some)}.", ""]
+        md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
     legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
               f"{protocol_note(labels, protocols, spec.get('round_rule'))} "
               f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), Δ = ours − paper, "
@@ -255,7 +271,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], buf.getvalue())
-    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "papers": papers,
+    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "name": name, "title": title,
+                               "experiment": runs[0].cfg.experiment if runs else name,
+                               "reduced": reduced, "changes": changes or [], "papers": papers,
                                "setup": setup_line(some) if some else "", "figures": figures,
                                "columns": [c.id for c in columns],
                                "protocols": {lab: vars(protocols[lab]) for lab in labels},

@@ -69,13 +69,14 @@ class WandbObserver(RunObserver):
     """Logs one experiment run (run_experiment's observer) to W&B on rank 0: config with the code
     version, tags, per-round metrics and the summary of the final record."""
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, annotations: dict[str, Any] | None = None) -> None:
         self.directory = directory
+        self.annotations = dict(annotations or {})  # extra config entries, e.g. a table's command-line overrides
         self.run: WandbRun | None = None
 
     def start(self, cfg: RunConfig, rank: int) -> None:
         self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(), run_tags(cfg),
-                            {**cfg.to_dict(), "code_version": code_version()}, self.directory)
+                            {**cfg.to_dict(), "code_version": code_version(), **self.annotations}, self.directory)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if self.run is not None:
@@ -90,9 +91,11 @@ class WandbObserver(RunObserver):
             self.run.finish(exit_code=exit_code)
 
 
-def wandb_observer(cfg: RunConfig, directory: str | None = None) -> WandbObserver | None:
-    """The observer to pass to run_experiment: W&B logging when cfg.wandb, else none."""
-    return WandbObserver(directory) if cfg.wandb else None
+def wandb_observer(cfg: RunConfig, directory: str | None = None,
+                   annotations: dict[str, Any] | None = None) -> WandbObserver | None:
+    """The observer to pass to run_experiment: W&B logging when cfg.wandb, else none. ``annotations``
+    join the W&B run's config (what run_experiment also stores in the record)."""
+    return WandbObserver(directory, annotations) if cfg.wandb else None
 
 
 def run_summary(record: dict) -> dict[str, Any]:
@@ -108,10 +111,11 @@ def log_table(table: dict, figures: dict[str, str], project: str, directory: str
     in a run of the table's group with job_type "table". Returns the run's local files directory."""
     import wandb
 
-    name = f"{table['table']}_{table['dataset']}"
+    name = table.get("name") or f"{table['table']}_{table['dataset']}"
     config = {"table": table["table"], "dataset": table["dataset"], "papers": table.get("papers"),
               "setup": table.get("setup")}
-    run = WandbRun(True, project, name, f"{name}-table", ["table", table["table"], table["dataset"]], config,
+    group = table.get("experiment") or name  # the group of the table's runs
+    run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
                    directory, job_type="table")
     rows = [[{**cell, "n_seeds": len(cell.get("values") or [])}.get(c) for c in TABLE_COLUMNS] for cell in table["cells"]]
     media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}

@@ -1,0 +1,260 @@
+"""Command-line changes to a table without editing its YAML: ``--set KEY=VALUE``, ``--seeds``, ``--rows``.
+
+``--set`` replaces one run option in every run of the table, after the config's base and rows:
+``fed.rounds=2``, ``data.image_size=16``, ``data.root=/x``, ``method.backbone=resnet18``. KEY is a
+dotted RunConfig option (``fedbench run --print_config`` lists them); VALUE is read as YAML
+(``2`` an int, ``0.5`` a float, ``true``, ``null``, ``[1, 2]``, ``{mu: 0.1}``) and checked against the
+option's type. ``method.args.<name>`` sets a method option in the runs whose method accepts it
+(``--set method.args.text_encoder=minilm`` changes FedCB/FedBM rows and leaves FedAvg alone); it is an
+error when no row's method accepts it. The table's own axes are not options: ``seed`` is ``--seeds``,
+the partition's ``beta`` is the column, ``devices`` / ``output_dir`` / ``wandb`` are ``fedbench table`` flags.
+
+``--seeds 0`` and ``--rows FedAvg,FedBM`` select a subset of the config's seeds and row labels.
+
+A table run like this is not the config's budget, and nothing mistakes it for one:
+
+- budget ``--set`` overrides (anything but where the data is and how the run executes:
+  ``data.root``, ``data.cache_dir``, ``threads``, ...) send the runs to their own experiment,
+  ``<table>_<dataset>__set-<hash>``, so they never reuse or overwrite the full-budget records;
+  a seed/row subset alone reuses them (those runs are exactly the config's runs);
+- every record of the table carries its overrides (``"overrides"``);
+- the rendered table is written as ``<table>_<dataset>__reduced-<hash>.{md,csv,json}`` and its title
+  and notes say what was changed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from bench.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
+from bench.core.errors import FedbenchError
+from bench.validation import describe, matches
+
+# the table's own axes and flags: not settable with --set (the message says what to use instead)
+RESERVED = {
+    "seed": "use --seeds", "experiment": "the table names its experiment", "partition.beta": "beta is the table's column",
+    "devices": "use --devices", "output_dir": "use --output-dir", "wandb": "use --wandb",
+}
+# where the data is and how runs execute (bench/config.py's EXECUTION options): overriding these keeps the
+# table at the config's budget
+LOCATION_KEYS = frozenset({"data.root", *execution_keys(RunConfig),
+                           *(f"{group}.{key}" for group, cls in OPTION_GROUPS.items() for key in execution_keys(cls))})
+
+
+def _fields() -> dict[str, Any]:
+    """Every settable dotted key -> its type hint."""
+    out = {}
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        if f.name in OPTION_GROUPS:
+            for key, hint in typing.get_type_hints(hints[f.name]).items():
+                out[f"{f.name}.{key}"] = hint
+        else:
+            out[f.name] = hints[f.name]
+    return {k: v for k, v in out.items() if k not in RESERVED}
+
+
+def coerce(key: str, hint: Any, value: Any, text: str) -> Any:
+    """``value`` (parsed from ``text``) as the option's type, or one clear error (the type rules are
+    bench/validation.py's, which checks every planned run again before any starts)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        if matches(value, hint):
+            return value
+        raise FedbenchError(f"--set {key}: {text!r} is not one of {', '.join(repr(a) for a in args)}.")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return coerce(key, inner[0], value, text)
+    elif hint is str:
+        return text  # data.root=2024 is the folder "2024", not a number
+    elif origin is list and isinstance(value, list) and args:
+        return [coerce(key, args[0], v, str(v)) for v in value]
+    if not matches(value, hint):
+        raise FedbenchError(f"--set {key}: expected {describe(hint)}, got {text!r}.")
+    return float(value) if hint is float else value
+
+
+def parse_set(item: str) -> tuple[str, Any, str]:
+    """'fed.rounds=2' -> ('fed.rounds', 2, '2'): the key, the YAML value and its text."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise FedbenchError(f"--set expects KEY=VALUE (e.g. --set fed.rounds=2), got {item!r}.")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as err:
+        raise FedbenchError(f"--set {key}: cannot read {text!r} as a value ({err}).") from err
+    return key, value, text
+
+
+def checked_sets(items: list[str]) -> dict[str, Any]:
+    """--set items -> {key: typed value} (later wins), checking keys and types; method.args.* unchecked here."""
+    fields = _fields()
+    out: dict[str, Any] = {}
+    for item in items:
+        key, value, text = parse_set(item)
+        if key in RESERVED:
+            raise FedbenchError(f"--set {key}: not a run option of a table ({RESERVED[key]}).")
+        if key.startswith("method.args."):
+            if not key[len("method.args."):] or "." in key[len("method.args."):]:
+                raise FedbenchError(f"--set {key}: use method.args.<option>=VALUE (one option per --set).")
+            out[key] = value
+            continue
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(close)}?" if close else " See `fedbench run --print_config`."
+            raise FedbenchError(f"--set {key}: unknown option.{hint}")
+        out[key] = coerce(key, fields[key], value, text)
+    return out
+
+
+def pick_rows(spec: dict, wanted: list[str] | None) -> list[str] | None:
+    """The row labels named by --rows (each value one label, or labels separated by commas)."""
+    if not wanted:
+        return None
+    labels = list(dict.fromkeys(r["label"] for r in spec["rows"]))
+    chosen: list[str] = []
+    for item in wanted:
+        for label in [item] if item in labels else [p.strip() for p in item.split(",") if p.strip()]:
+            if label not in labels:
+                close = difflib.get_close_matches(label, labels, n=3, cutoff=0.5)
+                hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+                raise FedbenchError(f"--rows: no row {label!r} in this table.{hint} Rows: {', '.join(labels)}.")
+            chosen.append(label)
+    return list(dict.fromkeys(chosen))
+
+
+def pick_seeds(spec: dict, wanted: str | None) -> list[int] | None:
+    """The seeds named by --seeds ('0' or '0,2'), a subset of the config's."""
+    if wanted is None:
+        return None
+    try:
+        seeds = [int(s) for s in wanted.split(",") if s.strip()]
+    except ValueError as err:
+        raise FedbenchError(f"--seeds expects seeds separated by commas (e.g. --seeds 0,1), got {wanted!r}.") from err
+    outside = [s for s in seeds if s not in spec["seeds"]]
+    if not seeds or outside:
+        raise FedbenchError(f"--seeds {wanted}: choose among the config's seeds {spec['seeds']}.")
+    return list(dict.fromkeys(seeds))
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+@dataclass
+class TableOverrides:
+    """What the command line changed in a table config (see the module docstring)."""
+
+    sets: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] | None = None
+    rows: list[str] | None = None
+    applied_to: dict[str, list[str]] = field(default_factory=dict)  # method.args key -> row labels it changed
+
+    @classmethod
+    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | None, rows: list[str] | None) -> TableOverrides:
+        out = cls(checked_sets(sets or []), pick_seeds(spec, seeds), pick_rows(spec, rows))
+        if out.seeds == spec["seeds"]:
+            out.seeds = None
+        if out.rows is not None and out.rows == list(dict.fromkeys(r["label"] for r in spec["rows"])):
+            out.rows = None
+        return out
+
+    @property
+    def budget_sets(self) -> dict[str, Any]:
+        """The overrides that change what is computed (not only where the data is or how it runs)."""
+        return {k: v for k, v in self.sets.items() if k not in LOCATION_KEYS}
+
+    @property
+    def full_budget(self) -> bool:
+        return not self.budget_sets and self.seeds is None and self.rows is None
+
+    def select(self, spec: dict) -> dict:
+        """A copy of the table config restricted to the chosen seeds and rows."""
+        out = copy.deepcopy(spec)
+        if self.seeds is not None:
+            out["seeds"] = list(self.seeds)
+        if self.rows is not None:
+            out["rows"] = [r for r in out["rows"] if r["label"] in self.rows]
+        return out
+
+    def experiment(self, experiment: str) -> str:
+        """Where the runs' records go: their own experiment when budget options changed."""
+        return f"{experiment}__set-{_digest(self.budget_sets)}" if self.budget_sets else experiment
+
+    def table_name(self, name: str) -> str:
+        """The rendered table's file name stem: never the full table's when the budget is not the config's."""
+        if self.full_budget:
+            return name
+        return f"{name}__reduced-{_digest([self.budget_sets, self.seeds, self.rows])}"
+
+    def apply(self, runs: list) -> None:
+        """Set every override in every planned run (method.args.* where the method accepts it)."""
+        from bench.experiment import method_arg_names
+        from lightning_modules.base import METHODS
+
+        for key in (k for k in self.sets if k.startswith("method.args.")):
+            self.applied_to[key] = []
+        for run in runs:
+            d = run.cfg.to_dict()
+            accepts = method_arg_names(METHODS.get(d["method"]["name"]))
+            for key, value in self.sets.items():
+                *path, last = key.split(".")
+                if path == ["method", "args"]:
+                    if last not in accepts:
+                        continue
+                    if run.label not in self.applied_to[key]:
+                        self.applied_to[key].append(run.label)
+                target = d
+                for part in path:
+                    target = target[part]
+                target[last] = copy.deepcopy(value)
+            d["experiment"] = self.experiment(d["experiment"])
+            run.cfg = from_dict(d)
+        for key, labels in self.applied_to.items():
+            if not labels:
+                methods = sorted({r.cfg.method.name for r in runs})
+                raise FedbenchError(f"--set {key}: no row's method accepts {key.split('.')[-1]!r} "
+                                    f"(methods in this table: {', '.join(methods)}).")
+
+    def blamed(self, message: str) -> str | None:
+        """``KEY=VALUE`` of the --set a validation message is about (it starts with the option's name),
+        else None: an out-of-range override is the same error in every row, so it is named as an override."""
+        for key, value in self.sets.items():
+            if message.startswith(f"{key} "):
+                return f"{key}={json.dumps(value)}"
+        return None
+
+    def record(self) -> dict[str, Any]:
+        """What every run record of this table stores about the command-line changes."""
+        return {"overrides": dict(self.sets)} if self.sets else {}
+
+    def describe(self, spec: dict) -> list[str]:
+        """Lines for the rendered table: what differs from the config's budget (empty when nothing does)."""
+        if self.full_budget and not self.sets:
+            return []
+        lines = []
+        if not self.full_budget:
+            lines.append("**Not run at the config's budget** (a reduced run: not comparable with the full table).")
+        for key, value in self.sets.items():
+            rows = self.applied_to.get(key)
+            where = f" (rows: {', '.join(rows)})" if rows is not None else ""
+            lines.append(f"- --set {key}={json.dumps(value)}{where}")
+        if self.seeds is not None:
+            lines.append(f"- seeds {self.seeds} of the config's {spec['seeds']}")
+        if self.rows is not None:
+            total = len(dict.fromkeys(r["label"] for r in spec["rows"]))
+            lines.append(f"- {len(self.rows)} of the config's {total} rows: {', '.join(self.rows)}")
+        return lines

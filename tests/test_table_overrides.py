@@ -1,0 +1,148 @@
+"""`fedbench table --set/--seeds/--rows`: typed overrides on every run, clear errors with close-match hints,
+overridden runs in their own experiment with their overrides, and a reduced table labelled and filed apart."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_tables import SPEC, fake_record
+
+from bench.cli import main
+from bench.core.atomic_io import write_json
+from bench.core.errors import FedbenchError
+from bench.records import record_path
+from bench.reporting.table_overrides import TableOverrides
+from bench.reporting.table_runner import plan_runs
+from bench.reporting.tables import render_table
+
+CB_SPEC = {**SPEC, "rows": [*SPEC["rows"], {"label": "FedCB, tau 10", "method": {"name": "fedcb", "args": {"tau": 10}}}]}
+
+
+def planned(spec: dict, *sets: str, seeds: str | None = None, rows: list[str] | None = None, out: str = "runs"):
+    ov = TableOverrides.parse(spec, list(sets), seeds, rows)
+    runs = plan_runs(ov.select(spec), out)
+    ov.apply(runs)
+    return ov, runs
+
+
+def test_values_are_typed_by_the_option():
+    ov, runs = planned(SPEC, "fed.rounds=2", "fed.sample_ratio=1", "data.root=2024", "data.image_size=null",
+                       "fed.weighting=uniform", "fed.lr_milestones=[3, 5]", "threads=1")
+    assert ov.sets == {"fed.rounds": 2, "fed.sample_ratio": 1.0, "data.root": "2024", "data.image_size": None,
+                       "fed.weighting": "uniform", "fed.lr_milestones": [3, 5], "threads": 1}
+    for run in runs:
+        c = run.cfg
+        assert (c.fed.rounds, c.fed.sample_ratio, c.data.root, c.data.image_size, c.fed.weighting) == (
+            2, 1.0, "2024", None, "uniform")
+        assert isinstance(c.fed.sample_ratio, float) and c.fed.lr_milestones == [3, 5] and c.threads == 1
+        assert c.partition.num_clients == 4  # untouched options keep the config's values
+
+
+def test_overrides_beat_row_options_and_method_args_go_where_accepted():
+    ov, runs = planned(CB_SPEC, "fed.rounds=1", "method.args.tau=25")
+    assert {r.cfg.fed.rounds for r in runs} == {1}
+    cb = [r for r in runs if r.cfg.method.name == "fedcb"]
+    assert cb and all(r.cfg.method.args == {"tau": 25} for r in cb)
+    assert all(r.cfg.method.args == {} for r in runs if r.cfg.method.name != "fedcb")  # fedavg has no tau
+    assert ov.applied_to["method.args.tau"] == ["FedCB, tau 10"]
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("fed.round=2", "--set fed.round: unknown option. Did you mean fed.rounds?"),
+    ("data.image_sise=16", "Did you mean data.image_size, "),
+    ("fed.rounds=two", "--set fed.rounds: expected int, got 'two'."),
+    ("fed.rounds=2.5", "expected int"),
+    ("fed.sample_ratio=yes", "expected float"),
+    ("fed.weighting=equal", "--set fed.weighting: 'equal' is not one of 'samples', 'uniform'."),
+    ("fed.lr_milestones=[a]", "expected int"),
+    ("seed=1", "--set seed: not a run option of a table (use --seeds)."),
+    ("partition.beta=0.3", "beta is the table's column"),
+    ("devices=2", "use --devices"),
+    ("fed.rounds", "--set expects KEY=VALUE (e.g. --set fed.rounds=2), got 'fed.rounds'."),
+    ("method.args.tua=5", ("--set method.args.tua: no row's method accepts 'tua' (methods in this table: "
+                           "central, fedavg, fedprox, fedrep).")),
+    ("fed.rounds=[1", "cannot read '[1' as a value"),
+])
+def test_bad_overrides_are_one_clear_error(item, message):
+    with pytest.raises(FedbenchError) as err:
+        planned(SPEC, item)
+    assert message in str(err.value)
+
+
+def test_seed_and_row_subsets():
+    ov, runs = planned(CB_SPEC, seeds="0", rows=["FedAvg,Central", "FedCB, tau 10"])
+    assert {(r.label, r.seed) for r in runs} == {("FedAvg", 0), ("Central", 0), ("FedCB, tau 10", 0)}
+    assert ov.rows == ["FedAvg", "Central", "FedCB, tau 10"] and ov.seeds == [0]
+    with pytest.raises(FedbenchError, match=r"--rows: no row 'FedAv' in this table. Did you mean 'FedAvg'\?"):
+        planned(SPEC, rows=["FedAv"])
+    with pytest.raises(FedbenchError, match=r"--seeds 0,7: choose among the config's seeds \[0, 1, 2\]"):
+        planned(SPEC, seeds="0,7")
+    with pytest.raises(FedbenchError, match="--seeds expects seeds separated by commas"):
+        planned(SPEC, seeds="zero")
+    full, _ = planned(SPEC, seeds="2,1,0", rows=["Central,FedAvg,FedRep (per-client),Ours only"])
+    assert full.seeds == [2, 1, 0] and full.full_budget is False  # another order is still a selection...
+    same, _ = planned(SPEC, seeds="0,1,2", rows=["Central,FedAvg,FedRep (per-client),Ours only"])
+    assert same.full_budget  # ...the config's own seeds and rows are the full table
+
+
+def test_where_records_and_tables_go():
+    full, full_runs = planned(SPEC)
+    budget, budget_runs = planned(SPEC, "fed.rounds=1")
+    location, location_runs = planned(SPEC, "data.root=/data/kvasir", "threads=1")
+    subset, subset_runs = planned(SPEC, seeds="0")
+    name = "table2_kvasir"
+    assert {r.cfg.experiment for r in full_runs} == {name} and full.table_name(name) == name
+    # budget changes: own experiment (never the full records), own table file
+    assert {r.cfg.experiment for r in budget_runs} == {budget.experiment(name)} != {name}
+    assert budget.experiment(name).startswith(f"{name}__set-") and budget.table_name(name).startswith(f"{name}__reduced-")
+    assert planned(SPEC, "fed.rounds=2")[0].experiment(name) != budget.experiment(name)
+    # where the data is / how runs execute: the config's budget, same records and table
+    assert location.full_budget and {r.cfg.experiment for r in location_runs} == {name}
+    assert location.table_name(name) == name and location.record() == {"overrides": location.sets}
+    # a seed subset reuses the full records (same runs) but is filed as a reduced table
+    assert {r.cfg.experiment for r in subset_runs} == {name} and subset.table_name(name) != name
+    assert subset.table_name(name) != budget.table_name(name)
+
+
+def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
+    """Full table rendered first; a reduced rerun renders beside it, labelled, without touching it."""
+    def render(ov, runs):
+        for run in runs:
+            write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
+        return render_table(ov.select(SPEC), runs, str(tmp_path / "tables"), name=ov.table_name("table2_kvasir"),
+                            changes=ov.describe(SPEC), reduced=not ov.full_budget)
+
+    full_paths = render(*planned(SPEC, out=str(tmp_path / "runs")))
+    full_md = Path(full_paths["md"]).read_text()
+    ov, runs = planned(SPEC, "fed.rounds=1", "method.backbone=simple-cnn", seeds="0", rows=["FedAvg"],
+                       out=str(tmp_path / "runs"))
+    paths = render(ov, runs)
+    assert Path(full_paths["md"]).read_text() == full_md  # the full table is untouched
+    assert paths["md"] != full_paths["md"] and Path(paths["md"]).name.startswith("table2_kvasir__reduced-")
+    assert full_md.splitlines()[0] == "# table2_kvasir" and "budget" not in full_md
+    md = Path(paths["md"]).read_text().splitlines()
+    assert md[0] == "# table2_kvasir — REDUCED RUN, not the config's budget"
+    assert md[2:7] == ["**Not run at the config's budget** (a reduced run: not comparable with the full table).",
+                       "- --set fed.rounds=1", '- --set method.backbone="simple-cnn"',
+                       "- seeds [0] of the config's [0, 1, 2]", "- 1 of the config's 4 rows: FedAvg"]
+    table = json.loads(Path(paths["json"]).read_text())
+    assert table["reduced"] is True and table["name"] == Path(paths["md"]).stem
+    assert table["experiment"] == ov.experiment("table2_kvasir") != "table2_kvasir"
+    assert json.loads(Path(full_paths["json"]).read_text())["reduced"] is False
+
+
+def test_cli_records_carry_the_overrides_and_the_subset_reuses_nothing_it_should_not(tmp_path, monkeypatch, capsys):
+    """--render-only through the real CLI: the reduced table is written under its own name; the
+    records of an overridden table would live in their own experiment folder (none exist yet)."""
+    config = tmp_path / "t.yaml"
+    config.write_text(json.dumps(SPEC))
+    monkeypatch.chdir(tmp_path)
+    assert main(["table", "--config", str(config), "--render-only", "--set", "fed.rounds=1", "--seeds", "0",
+                 "--tables-dir", "tables", "--output-dir", "runs"]) == 0
+    out = capsys.readouterr().out
+    assert "REDUCED RUN" in out and "missing (0/1 seeds)" in out
+    assert next((tmp_path / "tables").glob("*.md")).name.startswith("table2_kvasir__reduced-")
+    assert not (tmp_path / "runs").exists()
+    assert main(["table", "--config", str(config), "--set", "fed.roundz=1"]) == 2
+    assert "Did you mean fed.rounds?" in capsys.readouterr().err
