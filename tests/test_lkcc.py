@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.core.errors import FedbenchError
+from bench.core.errors import FedbenchError, FedbenchWarning
 from lightning_modules.components import prompts as P
 from lightning_modules.components import text_encoders as TE
 from lightning_modules.components.concept_distributions import ConceptDistribution
@@ -204,3 +204,31 @@ def test_registered_datamodules_agree_with_prompt_sets():
     for name in shared:
         names = DATASETS.get(name).class_names
         assert len(P.prompts(name, class_names=names)) == len(names)
+
+
+class _Foreign:
+    """An object a weights_only load refuses to build."""
+
+
+@pytest.mark.parametrize("content", ["object-pickle", "truncated", "list-embeddings", "wrong-shape", "nan"])
+def test_foreign_text_cache_is_rebuilt_with_a_warning(tmp_path, monkeypatch, content):
+    """A text-embedding cache file in another format is named in a warning and re-encoded, never a raw error."""
+    grid = [["a photo of a cat."], ["a photo of a truck."]]
+    good = TE.class_prompt_embeddings("minilm", grid, tmp_path)
+    (path,) = tmp_path.glob("text-minilm-*.pt")
+    base = {"encoder": "minilm", "prompts": grid}
+    if content == "object-pickle":
+        torch.save({**base, "embeddings": _Foreign()}, path)
+    elif content == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif content == "list-embeddings":
+        torch.save({**base, "embeddings": good.tolist()}, path)
+    elif content == "wrong-shape":
+        torch.save({**base, "embeddings": good[:1]}, path)
+    else:
+        torch.save({**base, "embeddings": torch.full_like(good, float("nan"))}, path)
+    built = _counting(monkeypatch)
+    with pytest.warns(FedbenchWarning, match="text-embedding cache .* encoding the prompts again"):
+        again = TE.class_prompt_embeddings("minilm", grid, tmp_path)
+    assert built == ["minilm"] and torch.allclose(again, good, atol=1e-6)
+    assert torch.equal(TE.class_prompt_embeddings("minilm", grid, tmp_path), again)  # the rebuilt file is reused

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.atomic_io import atomic_torch_save
-from bench.core.errors import FedbenchError
+from bench.core.errors import FedbenchError, FedbenchWarning
 
 OFFLINE_ALTERNATIVE = "minilm"
 _BATCH = 64
@@ -194,11 +195,20 @@ def _read_cache(path: Path, encoder_name: str, prompts: list[list[str]]) -> torc
         return None
     try:
         cached = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError):  # corrupt file: rebuilt by the caller
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign (object pickle) file: rebuilt
+        warnings.warn(f"text-embedding cache {path} is unreadable ({type(err).__name__}); encoding the prompts "
+                      "again.", FedbenchWarning, stacklevel=3)
         return None
-    if isinstance(cached, dict) and cached.get("encoder") == encoder_name and cached.get("prompts") == prompts:
-        return cached["embeddings"]
-    return None
+    if not (isinstance(cached, dict) and cached.get("encoder") == encoder_name and cached.get("prompts") == prompts):
+        return None
+    embeddings = cached.get("embeddings")
+    shape = (len(prompts), len(prompts[0]))
+    if not (isinstance(embeddings, torch.Tensor) and embeddings.ndim == 3 and tuple(embeddings.shape[:2]) == shape
+            and embeddings.is_floating_point() and bool(torch.isfinite(embeddings).all())):
+        warnings.warn(f"text-embedding cache {path} holds no finite {shape[0]} x {shape[1]} x D embeddings; encoding "
+                      "the prompts again.", FedbenchWarning, stacklevel=3)
+        return None
+    return embeddings
 
 
 def class_prompt_embeddings(encoder_name: str, prompts: list[list[str]], cache_dir: str | os.PathLike,
