@@ -17,7 +17,7 @@ from bench.batches import DeviceData
 from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.federation import ClientSplit, Federation
-from bench.records import git_commit, record_path, summarise, write_json
+from bench.records import git_commit, package_versions, record_path, summarise, write_json
 from bench.seeding import INIT, derive_seed
 from bench.wandb_logger import WandbRun, run_summary, run_tags
 from datamodules.base import DATASETS, FederatedDataModule
@@ -26,6 +26,10 @@ from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
 from datamodules.tensors import TensorSplit, atomic_torch_save
 from lightning_modules.base import METHODS, FederatedModule
+
+# Fabric precisions fedbench supports. Modules are moved with fabric.to_device, not wrapped by
+# fabric.setup, so the dtype is applied here: to the module's floating state and to the batches.
+PRECISION_DTYPES = {"32-true": torch.float32, "64-true": torch.float64}
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
@@ -65,9 +69,10 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
                dataset_name=cfg.data.name, **common, **m.args)
 
 
-def to_device(split: TensorSplit, dm: FederatedDataModule, device) -> DeviceData:
+def to_device(split: TensorSplit, dm: FederatedDataModule, device, dtype: torch.dtype = torch.float32) -> DeviceData:
+    """The split on the device; its batches come out in ``dtype`` (the normalisation tensors' dtype)."""
     mean, std = dm.normalisation(device)
-    return DeviceData(split.images.to(device), split.labels.to(device), mean, std)
+    return DeviceData(split.images.to(device), split.labels.to(device), mean.to(dtype), std.to(dtype))
 
 
 def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: bool, device) -> list[ClientSplit]:
@@ -89,6 +94,9 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
 
 
 def validate(cfg: RunConfig) -> None:
+    if cfg.precision not in PRECISION_DTYPES:
+        raise FedbenchError(f"precision {cfg.precision!r} is not supported; choose one of {sorted(PRECISION_DTYPES)} "
+                            "(64-true: float64 weights and batches, for machine-independent numbers).")
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
     if not 0.0 < cfg.fed.sample_ratio <= 1.0:
@@ -129,9 +137,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
                      groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob)
     module = build_module(cfg, dm)
     fabric.to_device(module)
+    dtype = PRECISION_DTYPES[cfg.precision]
+    if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
+        module.to(dtype)
     device = fabric.device
-    train = to_device(dm.train, dm, device)
-    val, test = to_device(dm.val, dm, device), to_device(dm.test, dm, device)
+    train = to_device(dm.train, dm, device, dtype)
+    val, test = to_device(dm.val, dm, device, dtype), to_device(dm.test, dm, device, dtype)
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     wandb = WandbRun(cfg.wandb and fabric.global_rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(),
@@ -157,7 +168,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, wandb_dir: str 
     extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())  # as float32 on the wire
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
-        "code_version": code_version(),
+        "code_version": code_version(), "versions": package_versions(),
         "method": cfg.method.name, "dataset": cfg.data.name, "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),

@@ -6,8 +6,9 @@ final test metrics with results/reference/<name>.json within the config's absolu
     fedbench regression --update --reason "why the numbers moved"   # rewrite the references
 
 Each entry runs in a fresh temporary output directory (nothing is reused). A reference records the
-entry's result-config, the metrics, the reason for the update, the date, the git commit and the
-code version; a reference whose config differs from the entry's is stale and fails the comparison.
+entry's result-config, the metrics, the reason for the update, the date, the git commit, the code
+version and the versions of the numerical packages (torch, lightning, timm, ...); a reference whose
+config differs from the entry's is stale and fails the comparison.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
     metrics = {k: final.get(k) for k in spec["tolerance"]}
     curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]
     return {"config": comparable_config(cfg), "metrics": metrics, "test_accuracy_per_round": curve,
-            "protocol": record.get("protocol")}
+            "protocol": record.get("protocol"), "versions": record.get("versions")}
 
 
 def comparable_config(cfg: RunConfig) -> dict[str, Any]:
@@ -157,6 +158,9 @@ def main(argv: list[str]) -> int:
         if failures and reference.get("code_version") != code_version():
             failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
                             f"{code_version()}; reference reason: {reference.get('reason')!r})")
+        if failures and reference.get("versions") != measured["versions"]:
+            failures.append(f"(package versions differ from the reference's: {reference.get('versions')} -> "
+                            f"{measured['versions']}; install the locked set with `make install`)")
         failed += bool(failures)
         print(f"{name}: {'FAIL' if failures else 'ok'} ({shown})" + "".join(f"\n  {f}" for f in failures))
     if not args.update:

@@ -105,10 +105,11 @@ class BalanceFL(FederatedModule):
         self._aug_prob = self._noise_factor = None
         if self.feature_augmentation:
             self._aug_prob = 1.0 - counts.float() / counts.max().float()
-            feats = torch.cat([self._teacher.features(ctx.data.to_float(chunk)[0]).float()
+            dtype = ctx.data.mean.dtype  # the run's precision
+            feats = torch.cat([self._teacher.features(ctx.data.to_float(chunk)[0]).to(dtype)
                                for chunk in torch.tensor_split(ctx.indices, -(-len(ctx.indices) // 256))])
             cov = within_class_covariance(feats, ctx.labels, counts)
-            self._noise_factor = gaussian_noise_factor(cov).float()
+            self._noise_factor = gaussian_noise_factor(cov).to(dtype)
 
     def local_batch(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The class-balanced batch replacing the orchestrator's uniformly shuffled one."""
@@ -125,7 +126,7 @@ class BalanceFL(FederatedModule):
         draw = torch.rand(len(y), generator=gen, device=gen.device if gen is not None else f.device).to(f.device)
         mask = draw < self._aug_prob.to(f.device)[y]
         noise = torch.randn(len(y), f.shape[1], generator=gen, device=gen.device if gen is not None else f.device)
-        noise = noise.to(f.device) @ self._noise_factor.to(f.device).T
+        noise = noise.to(f.device, f.dtype) @ self._noise_factor.to(f.device, f.dtype).T
         return f + mask.unsqueeze(1).to(f.dtype) * noise.to(f.dtype)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

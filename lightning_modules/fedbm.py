@@ -105,8 +105,8 @@ class FedBM(FedCB):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.server_seed, -1, -1, SERVER))
             generator = ConceptGenerator(self.head.mu.shape[1], channels, height, base)
-        device = train.images.device
-        self.cgde = CGDEServer(generator.to(device), train.mean.to(device), train.std.to(device))
+        device = train.images.device  # the generator computes in the run's precision (train.mean's dtype)
+        self.cgde = CGDEServer(generator.to(device, train.mean.dtype), train.mean.to(device), train.std.to(device))
         return train, val, test
 
     def _generator(self) -> ConceptGenerator:
@@ -116,11 +116,11 @@ class FedBM(FedCB):
 
     def condition_distribution(self) -> ConceptDistribution:
         """The classifier's mu / sigma_diag (for L_sem) with the text covariance (for z), on the
-        classifier's device (moved once, not per batch)."""
+        classifier's device and in its dtype (moved once, not per batch)."""
         d = self.distribution
-        device = self.head.mu.device
-        if d.chol.device != device:
-            self.distribution = d = d.to(device)
+        device, dtype = self.head.mu.device, self.head.mu.dtype  # float64 under precision 64-true
+        if d.chol.device != device or d.chol.dtype != dtype:
+            self.distribution = d = d.to(device, dtype)
         return ConceptDistribution(self.head.mu, self.head.sigma_diag, d.cov, d.chol)
 
     def is_generator_round(self, round_idx: int) -> bool:

@@ -83,7 +83,7 @@ class NPRMixin(FederatedModule):
         was_training = self.training
         self.eval()
         try:
-            chunks = [self.features(ctx.data.to_float(ctx.indices[i : i + EXTRACT_BATCH])[0]).float()
+            chunks = [self.features(ctx.data.to_float(ctx.indices[i : i + EXTRACT_BATCH])[0]).to(ctx.data.mean.dtype)
                       for i in range(0, len(ctx.indices), EXTRACT_BATCH)]
         finally:
             self.train(was_training)
@@ -94,7 +94,7 @@ class NPRMixin(FederatedModule):
         protos = ctx.state.get(PROTOTYPES_KEY)
         if protos is None:
             protos = init_prototypes(self.num_classes, self.num_subclusters, self.feature_dim,
-                                     generator=ctx.generator, device=ctx.data.labels.device)
+                                     generator=ctx.generator, device=ctx.data.labels.device, dtype=ctx.data.mean.dtype)
         feats = self.extract_features(ctx)
         protos = update_prototypes(feats, ctx.labels, protos, self.sinkhorn_eps, self.sinkhorn_iters,
                                    self.npr_variant, ctx.generator)

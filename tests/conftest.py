@@ -79,7 +79,7 @@ def cli_args(cfg) -> list[str]:
             if value is None:
                 continue
             args += [f"--{group}.{key}", json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)]
-    for key in ("seed", "experiment", "devices", "accelerator", "threads", "output_dir", "checkpoint_dir",
+    for key in ("seed", "experiment", "devices", "accelerator", "precision", "threads", "output_dir", "checkpoint_dir",
                 "checkpoint_every", "resume", "save_final_state", "progress"):
         value = getattr(cfg, key)
         if value is not None:
