@@ -30,7 +30,7 @@ from datamodules.errors import FedbenchError
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"
 CONFIG_KEYS = {"tolerance", "base", "runs"}
-ENTRY_KEYS = {"name", "data", "partition", "fed", "method", "seed"}
+ENTRY_KEYS = {"name", "data", "partition", "fed", "method", "seed", "tolerance"}
 
 
 def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
@@ -49,11 +49,20 @@ def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
     for entry in spec["runs"]:
         if set(entry) - ENTRY_KEYS:
             raise FedbenchError(f"{path}: run {entry['name']!r} has unknown key(s) {sorted(set(entry) - ENTRY_KEYS)}.")
+        if set(entry.get("tolerance", {})) - set(spec["tolerance"]):
+            raise FedbenchError(f"{path}: run {entry['name']!r} has a tolerance for metric(s) "
+                                f"{sorted(set(entry['tolerance']) - set(spec['tolerance']))} not under 'tolerance'.")
     return spec
 
 
 def entry_names(spec: dict) -> list[str]:
     return [e["name"] for e in spec["runs"]]
+
+
+def entry_tolerance(spec: dict, name: str) -> dict[str, float]:
+    """The absolute tolerances of entry ``name``: the config's, overridden by the entry's own."""
+    entry = next((e for e in spec["runs"] if e["name"] == name), {})
+    return {**spec["tolerance"], **entry.get("tolerance", {})}
 
 
 def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
@@ -62,7 +71,7 @@ def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
     if entry is None:
         raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
     d = deep_merge(deep_merge(RunConfig().to_dict(), spec.get("base", {})),
-                   {k: v for k, v in entry.items() if k != "name"})
+                   {k: v for k, v in entry.items() if k not in ("name", "tolerance")})
     d.update(experiment=f"regression_{name}", output_dir=output_dir, checkpoint_dir=str(Path(output_dir) / "ckpt"),
              progress=False, wandb=False)
     return from_dict(d)
@@ -124,7 +133,7 @@ def _canon(obj: Any) -> Any:
 def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str,
                     reference_dir: str = DEFAULT_REFERENCES) -> Path:
     path = reference_path(name, reference_dir)
-    ref = {"name": name, **measured, "tolerance": spec["tolerance"], "reason": reason,
+    ref = {"name": name, **measured, "tolerance": entry_tolerance(spec, name), "reason": reason,
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "git_commit": git_commit(), "code_version": code_version()}
     write_json(path, ref)
@@ -154,7 +163,7 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
             continue
         reference = load_reference(name, args.reference_dir)
-        failures = compare(measured, reference, spec["tolerance"])
+        failures = compare(measured, reference, entry_tolerance(spec, name))
         if failures and reference.get("code_version") != code_version():
             failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
                             f"{code_version()}; reference reason: {reference.get('reason')!r})")
