@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import kill_and_resume, load_final_state, max_state_diff, run_in_process, run_subprocess
 
 from bench.core.batches import DeviceData
 
@@ -44,3 +44,11 @@ def test_float64_run_is_float64_and_rank_invariant(tiny_cfg, method, args):
     assert diff <= 1e-12, f"{method} 64-true: 1 vs 2 ranks differ by {diff}"
     assert record["config"]["precision"] == "64-true"
     assert record["versions"]["torch"] == torch.__version__.split("+")[0]
+
+
+def test_float64_scaffold_resumes_exactly(tiny_cfg, monkeypatch):
+    """Scaffold's server control variate c, rebuilt from the checkpointed c_sum on resume, stays in the
+    run's precision (it was cast to float32: the resumed 64-true run ended 3.9e-9 away)."""
+    base = {"method.name": "scaffold", "partition.num_clients": 4, "fed.rounds": 3, "fed.sample_ratio": 0.5,
+            "checkpoint_every": 1, "precision": "64-true"}
+    kill_and_resume(tiny_cfg, monkeypatch, base)
