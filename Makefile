@@ -6,14 +6,33 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
+.PHONY: install lock data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
 
-# A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
-$(VENV)/.installed: pyproject.toml constraints.txt
+# A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
+# at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
+# then the package itself (editable). Refresh the lock with `make lock`.
+LOCK := requirements.lock
+LOCK_VENV := .lock-venv
+PIP_Q := -q --disable-pip-version-check
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt torch torchvision
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install $(PIP_Q) --no-deps -r $(LOCK)
+	$(BIN)/pip install $(PIP_Q) --no-deps -e .
+	$(BIN)/pip check
 	touch $@
+
+# Rewrite requirements.lock: a clean venv resolves pyproject.toml's ranges (with the dev extra) and is
+# frozen. Commit the new lock together with the references it changes (`make regression-update`).
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install $(PIP_Q) -e '.[dev]'
+	$(LOCK_VENV)/bin/pip check
+	$(LOCK_VENV)/bin/python -c 'import platform as p, sys; print("# fedbench locked environment: make install installs exactly these; refresh: make lock\n# resolved from pyproject.toml [dev] on CPython", \
+	  p.python_version(), sys.platform, p.machine())' > $(LOCK).tmp
+	$(LOCK_VENV)/bin/pip freeze --all --exclude pip --exclude-editable | grep -v '^#' >> $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # Debian's Fashion-MNIST (the offline default data), when apt-get is usable and the files are missing.
 data:

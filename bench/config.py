@@ -8,11 +8,17 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from bench.core.paths import DEFAULT_CACHE_DIR
 
 # field metadata of the options that say where/how a run executes, not what it computes: ignored
 # when records and references are matched (result_config)
 EXECUTION = {"execution": True}
+# The precisions fedbench runs (RunConfig.precision lists Fabric's names; bench/validation.py rejects the
+# others). Modules are moved with fabric.to_device, not wrapped by fabric.setup, so run_experiment applies
+# the dtype itself: to the module's floating state and to the batches (64-true: machine-independent numbers).
+PRECISION_DTYPES = {"32-true": torch.float32, "64-true": torch.float64}
 
 
 @dataclass

@@ -20,7 +20,7 @@ def predict_probs(module, data: DeviceData, index: torch.Tensor, fabric, batch_s
         x, _ = data.to_float(index[start : start + batch_size])
         with fabric.autocast():
             logits = logits_fn(x)
-        out.append(torch.softmax(logits.float(), dim=1))
+        out.append(torch.softmax(logits.to(x.dtype), dim=1))  # the run's precision
     if not out:
         return torch.zeros(0, module.num_classes, device=data.images.device)
     return torch.cat(out)

@@ -15,7 +15,7 @@ from lightning.fabric.loggers import CSVLogger
 
 from bench.central import as_one_client
 from bench.code_version import code_version
-from bench.config import RunConfig
+from bench.config import PRECISION_DTYPES, RunConfig
 from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
@@ -23,7 +23,7 @@ from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings
 from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
-from bench.records import git_commit, record_path, summarise
+from bench.records import git_commit, package_versions, record_path, summarise
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
@@ -84,9 +84,10 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
                dataset_name=cfg.data.name, **common, **m.args)
 
 
-def to_device(split: TensorSplit, dm: FederatedDataModule, device) -> DeviceData:
+def to_device(split: TensorSplit, dm: FederatedDataModule, device, dtype: torch.dtype = torch.float32) -> DeviceData:
+    """The split on the device; its batches come out in ``dtype`` (the normalisation tensors' dtype)."""
     mean, std = dm.normalisation(device)
-    return DeviceData(split.images.to(device), split.labels.to(device), mean, std)
+    return DeviceData(split.images.to(device), split.labels.to(device), mean.to(dtype), std.to(dtype))
 
 
 def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: bool, device) -> list[ClientSplit]:
@@ -140,9 +141,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
                      groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob)
     module = build_module(cfg, dm)
     fabric.to_device(module)
+    dtype = PRECISION_DTYPES[cfg.precision]
+    if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
+        module.to(dtype)
     device = fabric.device
-    train = to_device(dm.train, dm, device)
-    val, test = to_device(dm.val, dm, device), to_device(dm.test, dm, device)
+    train = to_device(dm.train, dm, device, dtype)
+    val, test = to_device(dm.val, dm, device, dtype), to_device(dm.test, dm, device, dtype)
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     observer = observer or RunObserver()
@@ -171,7 +175,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())  # as float32 on the wire
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
-        "code_version": code_version(),
+        "code_version": code_version(), "versions": package_versions(),
         "method": cfg.method.name, "dataset": cfg.data.name, "data_root": dm.root, **(annotations or {}),
         "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),

@@ -1,6 +1,7 @@
 """Run records: one JSON per run (config, commit, partition, per-round metrics, best/final, timings)."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -8,6 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.paths import REPO_ROOT
+
+# the distributions whose versions every run record and regression reference stores
+RECORDED_PACKAGES = ("torch", "lightning", "timm", "transformers", "open_clip_torch", "torchmetrics")
+
+
+def package_versions() -> dict[str, str | None]:
+    """The installed versions of RECORDED_PACKAGES (None for one that is not installed)."""
+    out: dict[str, str | None] = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def git_commit() -> str:

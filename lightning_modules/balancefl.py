@@ -119,7 +119,7 @@ class FeatureNoise:
         draw = torch.rand(len(y), generator=gen, device=gen.device).to(f.device)
         mask = draw < self.prob.to(f.device)[y]
         noise = torch.randn(len(y), f.shape[1], generator=gen, device=gen.device)
-        noise = noise.to(f.device) @ self.factor.to(f.device).T
+        noise = noise.to(f.device, f.dtype) @ self.factor.to(f.device, f.dtype).T  # float32 draws
         return f + mask.unsqueeze(1).to(f.dtype) * noise.to(f.dtype)
 
 
@@ -141,9 +141,9 @@ class BalanceFL(FederatedModule):
         """This round's augmentation: probability 1 - n_c / max_k n_k, and the within-class covariance
         of the teacher's features of the client's data."""
         counts = ctx.class_counts()
-        feats = client_features(ctx, teacher.features, even=True)
+        feats = client_features(ctx, teacher.features, even=True)  # in the run's precision
         cov = within_class_covariance(feats, ctx.labels, counts)
-        return FeatureNoise(1.0 - counts.float() / counts.max().float(), gaussian_noise_factor(cov).float())
+        return FeatureNoise(1.0 - counts.float() / counts.max().float(), gaussian_noise_factor(cov).to(feats.dtype))
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         counts = ctx.class_counts()

@@ -97,11 +97,11 @@ class CReRF(FederatedModule):
     def real_feature_gradients(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Per held class, the classifier gradient on real features (global backbone, eval mode)."""
         k, d = self.num_classes, self.feature_dim
-        device = ctx.indices.device
-        grad_w = torch.zeros(k, k, d, device=device)
-        grad_b = torch.zeros(k, k, device=device)
-        holders = torch.zeros(k, device=device)
-        weight, bias = self.retrained_head.weight.float(), self.retrained_head.bias.float()
+        device, dtype = ctx.indices.device, ctx.data.mean.dtype  # the run's precision
+        grad_w = torch.zeros(k, k, d, device=device, dtype=dtype)
+        grad_b = torch.zeros(k, k, device=device, dtype=dtype)
+        holders = torch.zeros(k, device=device, dtype=dtype)
+        weight, bias = self.retrained_head.weight.to(dtype), self.retrained_head.bias.to(dtype)
         labels, gen = ctx.labels, ctx.generator
         with evaluating(self):
             for c in torch.unique(labels).tolist():
@@ -110,7 +110,7 @@ class CReRF(FederatedModule):
                 for _ in range(self.grad_repeats):
                     perm = torch.randperm(len(members), generator=gen, device=gen.device)
                     x, y = ctx.data.to_float(members[perm[:n].to(device)])
-                    gw, gb = classifier_gradient(self.features(x).float(), y, weight, bias)
+                    gw, gb = classifier_gradient(self.features(x).to(dtype), y, weight, bias)
                     grad_w[c] += gw / self.grad_repeats
                     grad_b[c] += gb / self.grad_repeats
                 holders[c] = 1.0
@@ -144,12 +144,12 @@ class CReRF(FederatedModule):
     def retrain_classifier(self, round_idx: int) -> None:
         """A fresh linear classifier trained by plain SGD on the federated features (mean CE,
         closed-form gradients); becomes ``retrained_head``."""
-        device = self.federated_features.device
+        device, dtype = self.federated_features.device, self.federated_features.dtype  # the run's precision
         gen = torch_generator(derive_seed(self.server_seed, round_idx, -1, SERVER))
         d, k = self.feature_dim, self.num_classes
-        bound = 1.0 / d**0.5  # nn.Linear's default initialisation range
-        weight = ((torch.rand(k, d, generator=gen) * 2 - 1) * bound).to(device)
-        bias = ((torch.rand(k, generator=gen) * 2 - 1) * bound).to(device)
+        bound = 1.0 / d**0.5  # nn.Linear's default initialisation range (drawn in float32)
+        weight = ((torch.rand(k, d, generator=gen) * 2 - 1) * bound).to(device, dtype)
+        bias = ((torch.rand(k, generator=gen) * 2 - 1) * bound).to(device, dtype)
         feats, onehot = self.federated_features, F.one_hot(self.federated_labels, k).to(weight.dtype)
         n, b, lr = len(feats), self.retrain_batch, self.lr_retrain
         for _ in range(self.retrain_epochs):

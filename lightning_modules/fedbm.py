@@ -112,8 +112,8 @@ class FedBM(FedCB):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.server_seed, -1, -1, SERVER))
             generator = ConceptGenerator(self.distribution.dim, channels, height, base)
-        device = train.images.device
-        self.cgde = CGDEServer(generator.to(device), train.mean.to(device), train.std.to(device))
+        device = train.images.device  # the generator computes in the run's precision (train.mean's dtype)
+        self.cgde = CGDEServer(generator.to(device, train.mean.dtype), train.mean.to(device), train.std.to(device))
         return train, val, test
 
     def _generator(self) -> ConceptGenerator:
@@ -123,11 +123,12 @@ class FedBM(FedCB):
 
     def condition_distribution(self) -> ConceptDistribution:
         """The classifier's mu / sigma_diag (for L_sem) with the text covariance (for z), on the
-        classifier's device (moved once, not per batch)."""
+        classifier's device and in its dtype (moved once, not per batch)."""
         d = self.distribution
-        device = next(self.head.parameters()).device
-        if d.chol.device != device:
-            self.distribution = d = d.to(device)
+        weight = next(self.head.parameters())
+        device, dtype = weight.device, weight.dtype  # float64 under precision 64-true
+        if d.chol.device != device or d.chol.dtype != dtype:
+            self.distribution = d = d.to(device, dtype)
         if self.classifier == "learned":  # no LKCC classifier: the text distributions themselves
             return d
         return ConceptDistribution(self.head.mu, self.head.sigma_diag, d.cov, d.chol)

@@ -76,7 +76,8 @@ class NPRegulariser:
         protos = ctx.state.get(PROTOTYPES_KEY)
         if protos is None:
             protos = init_prototypes(module.num_classes, self.num_subclusters, module.feature_dim,
-                                     generator=ctx.generator, device=ctx.data.labels.device)
+                                     generator=ctx.generator, device=ctx.data.labels.device,
+                                     dtype=ctx.data.mean.dtype)  # the run's precision
         with evaluating(module):
             feats = client_features(ctx, module.features)
         protos = update_prototypes(feats, ctx.labels, protos, self.sinkhorn_eps, self.sinkhorn_iters,

@@ -103,4 +103,5 @@ class Scaffold(FederatedModule):
 
     def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
         self.c_sum = {k[len("c_sum."):]: v.clone() for k, v in state.items() if k.startswith("c_sum.")}
-        self.c = {n: (t / self.server_comm.num_clients).float() for n, t in self.c_sum.items()}
+        dtypes = {n: p.dtype for n, p in self.controlled_parameters()}  # as server_step: the run's precision
+        self.c = {n: (t / self.server_comm.num_clients).to(dtypes[n]) for n, t in self.c_sum.items()}

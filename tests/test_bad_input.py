@@ -31,9 +31,10 @@ def written_files(tmp_path: Path) -> list[str]:
         (["--method.name", "fedprox", "--method.args", '{"muu": 0.1}'],
          "has unknown option(s) ['muu']; 'fedprox' accepts: ['mu']"),
         (["--method.optimizer", "sgdd"], "Got value: sgdd"),
+        (["--precision", "16-mixed"], "precision '16-mixed' is not supported; choose one of ['32-true', '64-true']"),
     ],
     ids=["unknown-method", "missing-data", "unknown-dataset", "sample-ratio", "beta", "rounds",
-         "empty-client", "nan-loss", "method-arg-typo", "optimizer-typo"],
+         "empty-client", "nan-loss", "method-arg-typo", "optimizer-typo", "precision"],
 )
 def test_bad_run_input_is_one_clear_error_and_writes_nothing(tmp_path, capsys, extra, message):
     try:

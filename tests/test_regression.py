@@ -6,7 +6,14 @@ import pytest
 from conftest import REPO
 
 from bench.cli import main
-from bench.reporting.regression import compare, entry_names, load_config, load_reference, run_entry
+from bench.reporting.regression import (
+    compare,
+    entry_names,
+    entry_tolerance,
+    load_config,
+    load_reference,
+    run_entry,
+)
 from lightning_modules.base import FederatedModule
 from lightning_modules.fedavg import FedAvg
 
@@ -22,7 +29,7 @@ def fedavg_run():
 
 
 def check(name: str, measured: dict) -> list[str]:
-    return compare(measured, load_reference(name, REFERENCES), SPEC["tolerance"])
+    return compare(measured, load_reference(name, REFERENCES), entry_tolerance(SPEC, name))
 
 
 @pytest.mark.parametrize("name", [n for n in entry_names(SPEC) if n != "fedavg"])

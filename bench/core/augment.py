@@ -9,8 +9,9 @@ import torch.nn.functional as F
 AUGMENTATIONS = ("none", "flip", "npr")
 
 
-def _uniform(n: int, lo: float, hi: float, gen: torch.Generator, device) -> torch.Tensor:
-    return torch.rand(n, generator=gen, device=gen.device).to(device) * (hi - lo) + lo
+def _uniform(n: int, lo: float, hi: float, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    """n draws in [lo, hi) on ``like``'s device and in its dtype (drawn in float32 for every dtype)."""
+    return torch.rand(n, generator=gen, device=gen.device).to(like.device, like.dtype) * (hi - lo) + lo
 
 
 def augment_batch(x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
@@ -24,19 +25,19 @@ def augment_batch(x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Ten
     if kind not in AUGMENTATIONS:
         raise ValueError(f"unknown augmentation {kind!r}; choose one of {AUGMENTATIONS}")
     b, dev = x.shape[0], x.device
-    hflip = _uniform(b, 0, 1, gen, dev) < 0.5
+    hflip = _uniform(b, 0, 1, gen, x) < 0.5
     x = torch.where(hflip.view(-1, 1, 1, 1), x.flip(-1), x)
     if kind == "flip":
         return x
-    vflip = _uniform(b, 0, 1, gen, dev) < 0.5
+    vflip = _uniform(b, 0, 1, gen, x) < 0.5
     x = torch.where(vflip.view(-1, 1, 1, 1), x.flip(-2), x)
-    angle = _uniform(b, -10, 10, gen, dev) * (math.pi / 180)
+    angle = _uniform(b, -10, 10, gen, x) * (math.pi / 180)
     cos, sin, zero = angle.cos(), angle.sin(), torch.zeros_like(angle)
     theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    blur = _uniform(b, 0, 1, gen, dev) < 0.5
-    sigma = _uniform(b, 0.1, 1.0, gen, dev)
+    blur = _uniform(b, 0, 1, gen, x) < 0.5
+    sigma = _uniform(b, 0.1, 1.0, gen, x)
     radius = 2
     offs = torch.arange(-radius, radius + 1, device=dev, dtype=x.dtype)
     kernel = torch.exp(-(offs.view(1, -1) ** 2) / (2 * sigma.view(-1, 1) ** 2))

@@ -16,7 +16,8 @@ class DeviceData:
 
     ``images`` may instead hold precomputed float features [N, D] (frozen-encoder methods turn
     their data into cached features once, in ``FederatedModule.prepare_splits``): batches of
-    features are returned as they are, without scaling, normalisation or augmentation.
+    features are returned without scaling, normalisation or augmentation.
+    Batches come out in the dtype of ``mean`` (float32; float64 for precision 64-true).
     """
 
     images: torch.Tensor  # uint8 [N, C, H, W]
@@ -26,8 +27,8 @@ class DeviceData:
 
     def to_float(self, index: torch.Tensor | slice, augment: str = "none", gen: torch.Generator | None = None):
         if self.images.dtype != torch.uint8:  # cached features
-            return self.images[index], self.labels[index]
-        x = self.images[index].float().div_(255.0)
+            return self.images[index].to(self.mean.dtype), self.labels[index]
+        x = self.images[index].to(self.mean.dtype).div_(255.0)
         if augment != "none":
             x = augment_batch(x, augment, gen)
         return (x - self.mean) / self.std, self.labels[index]

@@ -6,8 +6,9 @@ final test metrics with results/reference/<name>.json within the config's absolu
     fedbench regression --update --reason "why the numbers moved"   # rewrite the references
 
 Each entry runs in a fresh temporary output directory (nothing is reused). A reference records the
-entry's result-config, the metrics, the reason for the update, the date, the git commit and the
-code version; a reference whose config differs from the entry's is stale and fails the comparison.
+entry's result-config, the metrics, the reason for the update, the date, the git commit, the code
+version and the versions of the numerical packages (torch, lightning, timm, ...); a reference whose
+config differs from the entry's is stale and fails the comparison.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"
 CONFIG_KEYS = {"tolerance", "base", "runs"}
-# a run's name and the options that determine its numbers (its experiment is regression_<name>)
-ENTRY_KEYS = {"name"} | (RUN_KEYS - execution_keys(RunConfig) - {"experiment"})
+# a run's name, its own tolerances (optional, overriding the config's) and the options that determine its
+# numbers (its experiment is regression_<name>)
+ENTRY_KEYS = {"name", "tolerance"} | (RUN_KEYS - execution_keys(RunConfig) - {"experiment"})
 
 
 def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
@@ -42,11 +44,20 @@ def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
         raise FedbenchError(f"{path}: every run needs a unique 'name'; got {names}.")
     for entry in spec["runs"]:
         check_overrides(entry, f"{path}: run {entry['name']!r}", ENTRY_KEYS)
+        if set(entry.get("tolerance", {})) - set(spec["tolerance"]):
+            raise FedbenchError(f"{path}: run {entry['name']!r} has a tolerance for metric(s) "
+                                f"{sorted(set(entry['tolerance']) - set(spec['tolerance']))} not under 'tolerance'.")
     return spec
 
 
 def entry_names(spec: dict) -> list[str]:
     return [e["name"] for e in spec["runs"]]
+
+
+def entry_tolerance(spec: dict, name: str) -> dict[str, float]:
+    """The absolute tolerances of entry ``name``: the config's, overridden by the entry's own."""
+    entry = next((e for e in spec["runs"] if e["name"] == name), {})
+    return {**spec["tolerance"], **entry.get("tolerance", {})}
 
 
 def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
@@ -56,7 +67,7 @@ def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
         raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
     run = {"experiment": f"regression_{name}", "output_dir": output_dir,
            "checkpoint_dir": str(Path(output_dir) / "ckpt"), "progress": False, "wandb": False}
-    return run_config(spec.get("base") or {}, {k: v for k, v in entry.items() if k != "name"}, run,
+    return run_config(spec.get("base") or {}, {k: v for k, v in entry.items() if k not in ("name", "tolerance")}, run,
                       where=f"regression run {name!r}")
 
 
@@ -71,7 +82,7 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
     metrics = {k: final.get(k) for k in spec["tolerance"]}
     curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]
     return {"config": result_config(cfg.to_dict()), "metrics": metrics, "test_accuracy_per_round": curve,
-            "protocol": record.get("protocol")}
+            "protocol": record.get("protocol"), "versions": record.get("versions")}
 
 
 def reference_path(name: str, reference_dir: str = DEFAULT_REFERENCES) -> Path:
@@ -105,7 +116,7 @@ def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict
 def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str,
                     reference_dir: str = DEFAULT_REFERENCES) -> Path:
     path = reference_path(name, reference_dir)
-    ref = {"name": name, **measured, "tolerance": spec["tolerance"], "reason": reason,
+    ref = {"name": name, **measured, "tolerance": entry_tolerance(spec, name), "reason": reason,
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "git_commit": git_commit(), "code_version": code_version()}
     write_json(path, ref)
@@ -135,10 +146,13 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
             continue
         reference = load_reference(name, args.reference_dir)
-        failures = compare(measured, reference, spec["tolerance"])
+        failures = compare(measured, reference, entry_tolerance(spec, name))
         if failures and reference.get("code_version") != code_version():
             failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
                             f"{code_version()}; reference reason: {reference.get('reason')!r})")
+        if failures and reference.get("versions") != measured["versions"]:
+            failures.append(f"(package versions differ from the reference's: {reference.get('versions')} -> "
+                            f"{measured['versions']}; install the locked set with `make install`)")
         failed += bool(failures)
         print(f"{name}: {'FAIL' if failures else 'ok'} ({shown})" + "".join(f"\n  {f}" for f in failures))
     if not args.update:

@@ -27,7 +27,8 @@ def evaluating(module: nn.Module) -> Iterator[None]:
 def client_features(ctx: ClientContext, extract: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256,
                     even: bool = False) -> torch.Tensor:
     """``extract(x)`` of all the client's training images (no augmentation), in the order of
-    ``ctx.indices``, as float [n, D]. The images go through ``extract`` in consecutive batches of
+    ``ctx.indices``, as [n, D] in the batches' dtype (the run's precision: float32, or float64 under
+    64-true). The images go through ``extract`` in consecutive batches of
     ``batch_size`` (the last one smaller); ``even=True`` splits them into ceil(n / batch_size)
     batches of (nearly) equal size instead, so that a train-mode BatchNorm sees comparable batches."""
     n = len(ctx.indices)
@@ -35,17 +36,19 @@ def client_features(ctx: ClientContext, extract: Callable[[torch.Tensor], torch.
         chunks = list(torch.tensor_split(ctx.indices, -(-n // batch_size)))
     else:
         chunks = [ctx.indices[i : i + batch_size] for i in range(0, n, batch_size)]
-    return torch.cat([extract(ctx.data.to_float(idx)[0]).float() for idx in chunks])
+    return torch.cat([extract(ctx.data.to_float(idx)[0]).to(ctx.data.mean.dtype) for idx in chunks])
 
 
 def class_feature_sums(module, ctx: ClientContext, normalise: bool = False,
                        batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class sums [C, D] of the module's pooled features of the client's training samples (each
-    L2-normalised first if ``normalise``), in eval mode, and the class counts [C] (float)."""
+    L2-normalised first if ``normalise``), in eval mode, and the class counts [C] (float), both in the
+    run's precision."""
     with evaluating(module):
         feats = client_features(ctx, module.features, batch_size)
     if normalise:
         feats = F.normalize(feats, dim=1)
     labels = ctx.labels
-    sums = torch.zeros(module.num_classes, feats.shape[1], device=feats.device).index_add_(0, labels, feats)
-    return sums, torch.bincount(labels, minlength=module.num_classes).float()
+    sums = torch.zeros(module.num_classes, feats.shape[1], device=feats.device, dtype=feats.dtype)
+    sums.index_add_(0, labels, feats)
+    return sums, torch.bincount(labels, minlength=module.num_classes).to(feats.dtype)

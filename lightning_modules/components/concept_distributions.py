@@ -53,9 +53,9 @@ class ConceptDistribution:
     def dim(self) -> int:
         return self.mu.shape[1]
 
-    def to(self, device: torch.device | str) -> ConceptDistribution:
-        """A copy with every tensor on ``device``."""
-        return ConceptDistribution(*(t.to(device) for t in (self.mu, self.sigma_diag, self.cov, self.chol)))
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> ConceptDistribution:
+        """A copy with every tensor on ``device`` (and in ``dtype`` when given)."""
+        return ConceptDistribution(*(t.to(device, dtype) for t in (self.mu, self.sigma_diag, self.cov, self.chol)))
 
     def sample(self, labels: torch.Tensor, generator: torch.Generator | None = None,
                noise_only: bool = False) -> torch.Tensor:

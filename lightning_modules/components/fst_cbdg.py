@@ -52,15 +52,15 @@ def sample_text_features(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5: ``counts[k]`` draws from N(T_k, sigma^2 I) per class; returns (features [sum, D], labels).
 
-    Features are grouped by class in label order. The noise is drawn on ``generator``'s device from
-    ``generator`` alone (reproducible per client/round), then moved to ``text_feats``' device.
+    Features are grouped by class in label order. The noise is drawn in float32 on ``generator``'s device
+    from ``generator`` alone (reproducible per client/round), then moved to ``text_feats``' device and dtype.
     """
     counts = counts.long().to(text_feats.device)
     labels = torch.repeat_interleave(torch.arange(len(text_feats), device=text_feats.device), counts)
     noise = torch.randn(
         (len(labels), text_feats.shape[1]), generator=generator, device=generator.device, dtype=torch.float32
     )
-    feats = text_feats.detach().float()[labels] + sigma * noise.to(text_feats.device)
+    feats = text_feats.detach()[labels] + sigma * noise.to(text_feats.device, text_feats.dtype)  # float32 draws
     return feats, labels
 
 
