@@ -461,7 +461,7 @@ def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
     assert len({r.cfg.run_name() for r in runs}) == len(runs)
     for r in runs:
         c = r.cfg
-        assert METHODS.get(c.method.name).protocol == "per_client" and c.fed.sample_ratio == 1.0
+        assert (c.fed.protocol or METHODS.get(c.method.name).protocol) == "per_client" and c.fed.sample_ratio == 1.0
         assert (c.method.optimizer, c.method.lr, c.method.weight_decay, c.fed.batch_size) == ("adam", 1e-3, 5e-4, 64)
         assert c.fed.local_epochs == 1 and c.fed.client_test_fraction == 0.2 and c.data.augment == "npr"
         if dataset != "fashion-mnist":
