@@ -192,15 +192,10 @@ def test_fedavg_npr_without_weight_skips_npr():
 
 
 def test_npr_composes_with_another_method_in_a_few_lines(tiny_cfg):
-    """FedBABU + NPR (FedNPR, Table 6) on the per-client contract: the NPR options come from
-    NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen and its evaluation
-    fine-tuning (a phase outside the objective) gets no NPR."""
-    from lightning_modules.fedbabu import FedBABU
-    from lightning_modules.fednpr import NPRMethod
-
-    class FedBABUNPR(NPRMethod, FedBABU):
-        def client_objective(self, ctx):
-            return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+    """FedBABU + NPR (FedNPR, Table 6; lightning_modules/fedbabu_npr.py) on the per-client contract:
+    the NPR options come from NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen
+    and its evaluation fine-tuning (a phase outside the objective) gets no NPR."""
+    from lightning_modules.fedbabu_npr import FedBABUNPR
 
     def build():
         torch.manual_seed(0)
