@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast regression-update bench lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -34,6 +34,9 @@ table-ablation: install
 
 table-fednpr: install
 	$(BIN)/fedbench table --config configs/tables/fednpr_$(DATASET).yaml $(ARGS)
+
+table-fednpr-ablation: install
+	$(BIN)/fedbench table --config configs/tables/fednpr-ablation_$(DATASET).yaml $(ARGS)
 
 table-facmic: install
 	$(BIN)/fedbench table --config configs/tables/facmic_$(DATASET).yaml $(ARGS)

@@ -6,7 +6,7 @@ import pytest
 
 from bench.reporting.coverage import coverage
 from bench.reporting.paper_compare import Match, compare, welch_p
-from bench.reporting.table_runner import load_table_config, plan_runs
+from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
 from lightning_modules.base import METHODS
 
 TABLE3_METHODS = {  # as FedNPR prints them -> our method
@@ -42,6 +42,33 @@ def test_table3_is_covered_on_both_datasets_with_the_papers_protocol(fednpr_cove
     assert by[("fed-isic2019", "Local Learning", "balanced_auc")]["config"].endswith("fednpr_isic.yaml")
     assert by[("rsna-ich", "FedAvg", "balanced_accuracy")]["config"].endswith("fednpr_ich.yaml")
     assert fednpr_coverage["summary"]["fednpr"]["tables"]["3"] == {"covered": 52, "total": 52, "inferred": 0}
+
+
+def test_every_published_fednpr_cell_is_covered(fednpr_coverage):
+    summary = fednpr_coverage["summary"]["fednpr"]
+    assert (summary["covered"], summary["total"]) == (116, 116), [
+        (c["table"], c["method"], c["setting"], c["reason"]) for c in fednpr_coverage["cells"] if not c["covered"]]
+    assert {t: (s["covered"], s["total"]) for t, s in summary["tables"].items()} == {
+        "3": (52, 52), "4": (16, 16), "5": (16, 16), "6": (16, 16), "7": (16, 16)}
+    assert not fednpr_coverage["errors"]
+
+
+@pytest.mark.parametrize("dataset, k, lam", [("isic", 4, 0.1), ("ich", 2, 0.05)])
+def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, k, lam):
+    table3 = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")
+    spec = load_table_config(f"configs/tables/fednpr-ablation_{dataset}.yaml")
+    for key in ("base", "round_rule", "seeds", "metrics"):
+        assert spec[key] == table3[key], key
+    runs = plan_runs(spec)
+    args = {r.label: r.cfg.method.args for r in runs}
+    full = {"num_subclusters": k, "lam": lam}
+    assert args[f"BSM + NPR K={k} = FedNPR-Per (T4)"] == args[f"FedNPR-Per K={k} (T5)"] == full
+    assert args[f"FedNPR-Per lambda={lam} (T7)"] == full
+    assert args["NPR K=1, no BSM (T4)"] == {"num_subclusters": 1, "lam": lam, "balanced_softmax": False}
+    assert {r.cfg.method.name for r in runs if "(T6)" in r.label} == {"fednpr", "fedbabu-npr", "fedrep-npr",
+                                                                       "fedrod-npr"}
+    # 16 rows; the full FedNPR-Per (Tables 4, 5, 7) and K=1 (Tables 4, 5) run once each: 13 runs per seed
+    assert len(distinct_runs(runs)) == 13 * len(spec["seeds"])
 
 
 def test_fednpr_numbers_are_tested_against_its_five_folds():

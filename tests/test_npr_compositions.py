@@ -1,5 +1,7 @@
-"""FedNPR Table 6 (issue 17): NPR added to FedBABU, FedRep and FedRoD as registered methods, each one
-file composed on the per-client contract (NPRMethod gives the options, the objective adds NPR)."""
+"""FedNPR's components and compositions (issue 17). Table 4: FedNPR(-Per) without the balanced softmax
+(``balanced_softmax: false``) or without NPR (``lam: 0``). Table 6: NPR added to FedBABU, FedRep and
+FedRoD as registered methods, each one file composed on the per-client contract (NPRMethod gives the
+options, the objective adds NPR)."""
 from __future__ import annotations
 
 import pytest
@@ -88,3 +90,39 @@ def test_without_npr_weight_it_is_the_host_method_exactly(tiny_cfg, name):
                                             **{"method.args": {**FAST[host], "lam": 0.0}}))
     assert max_state_diff(state_h, state_n) == 0.0
     assert [h["metrics"] for h in rec_h["history"]] == [h["metrics"] for h in rec_n["history"]]
+
+
+# ---- Table 4: the component switches -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["fednpr", "fednpr-per"])
+def test_without_balanced_softmax_the_classifier_learns_by_plain_ce(name):
+    """balanced_softmax false: CE + lambda * NPR (the same prototypes); FedNPR without BSM is FedAvg+NPR."""
+    with_bsm = toy_module(name, lam=0.5, num_subclusters=2)
+    without = toy_module(name, lam=0.5, num_subclusters=2, balanced_softmax=False)
+    fedavg_npr = toy_module("fedavg-npr", lam=0.5, num_subclusters=2)
+    ctxs = [toy_context(m) for m in (with_bsm, without, fedavg_npr)]
+    objectives = []
+    for m, ctx in zip((with_bsm, without, fedavg_npr), ctxs):
+        m.train()
+        objectives.append(m.client_objective(ctx))
+    protos = ctxs[1].state[PROTOTYPES_KEY]
+    assert torch.equal(protos, ctxs[0].state[PROTOTYPES_KEY]) and torch.equal(protos, ctxs[2].state[PROTOTYPES_KEY])
+    x, y = ctxs[0].data.to_float(ctxs[0].indices[:40])
+    losses = [objective((x, y)) for objective in objectives]
+    f = without.features(x)
+    logits = without.head(f)
+    npr = 0.5 * npr_loss(f, y, protos)
+    assert torch.allclose(losses[1], F.cross_entropy(logits, y) + npr, atol=1e-6)
+    assert torch.allclose(losses[0], balanced_softmax_loss(logits, y, class_log_prior(ctxs[0].labels, 10)) + npr,
+                          atol=1e-6)
+    assert abs(float(losses[0] - losses[1])) > 1e-3
+    assert torch.equal(losses[1], losses[2])
+
+
+def test_without_npr_weight_fednpr_is_the_balanced_softmax_alone():
+    module = toy_module("fednpr-per", lam=0.0)
+    ctx = toy_context(module)
+    module.train()
+    objective = module.client_objective(ctx)
+    assert PROTOTYPES_KEY not in ctx.state  # never computed
+    x, y = ctx.data.to_float(ctx.indices[:32])
+    assert torch.allclose(objective((x, y)), balanced_softmax_loss(module(x), y, class_log_prior(ctx.labels, 10)))
