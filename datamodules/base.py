@@ -54,7 +54,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.split_seed = split_seed
         self.fingerprint = "-"  # of the source files, set by setup
         self.train: TensorSplit
-        self.val: TensorSplit
+        self.val: TensorSplit | None  # None with val_fraction 0 (and no val split of the dataset's own)
         self.test: TensorSplit
 
     # ---- subclass API -------------------------------------------------------------------
@@ -104,8 +104,11 @@ class FederatedDataModule(L.LightningDataModule):
         self.fingerprint = self.source_fingerprint()
         splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint)
         train = splits["train"]
+        val: TensorSplit | None
         if "val" in splits:
             val = splits["val"]
+        elif self.val_fraction == 0:  # no validation split: the per-client protocol never validates
+            val = None
         else:
             tr_idx, va_idx = stratified_split(
                 train.labels.numpy(), [1 - self.val_fraction, self.val_fraction], self.split_seed
@@ -116,9 +119,12 @@ class FederatedDataModule(L.LightningDataModule):
             train = train.subset(torch.from_numpy(stratified_subset(train.labels.numpy(), self.max_train_samples, self.split_seed)))
         if self.max_test_samples:
             keep = self.max_test_samples
-            val = val.subset(torch.from_numpy(stratified_subset(val.labels.numpy(), keep, self.split_seed)))
+            if val is not None:
+                val = val.subset(torch.from_numpy(stratified_subset(val.labels.numpy(), keep, self.split_seed)))
             test = test.subset(torch.from_numpy(stratified_subset(test.labels.numpy(), keep, self.split_seed)))
         for split_name, split in (("train", train), ("val", val), ("test", test)):
+            if split is None:
+                continue
             if len(split) == 0:
                 raise DatasetNotFoundError(f"Dataset {self.name!r}: the {split_name} split is empty under {self.root!r}.")
             if int(split.labels.max()) >= self.num_classes or int(split.labels.min()) < 0:

@@ -318,6 +318,34 @@ def test_fed_isic2019_reads_flamby_layout_with_centres(tmp_path, with_target):
     assert [set(dm.train.groups[idx].tolist()) for idx in part.client_indices] == [{c} for c in range(6)]
 
 
+def test_fed_isic2019_clients_train_on_their_centre_train_fold_and_test_on_its_test_fold(tmp_path, tiny_cfg,
+                                                                                          captured):
+    """fed.client_test site + data.val_fraction 0 (FedNPR's and FLamby's 80/20 per centre): client c trains on
+    the whole train fold of centre c and is scored on that centre's test fold, none of it carved from train."""
+    from bench.evaluation import predict_probs
+    from bench.federation import copy_into
+    from bench.metrics import classification_metrics
+
+    build_isic(tmp_path / "isic")
+    cfg = tiny_cfg(**{"data.name": "fed-isic2019", "data.root": str(tmp_path / "isic"), "data.image_size": 16,
+                      "data.val_fraction": 0.0, "partition.scheme": "natural", "partition.num_clients": 6,
+                      "method.name": "local", "fed.protocol": "per_client", "fed.client_test": "site",
+                      "fed.rounds": 2, "fed.sample_ratio": 1.0, "fed.batch_size": 8})
+    record, _ = run_in_process(cfg)
+    assert record["splits"] == {"train": 96, "val": 0, "test": 48}
+    fed = captured["fed"]
+    want = []
+    for c, split in enumerate(fed.clients):
+        assert split.test_data is fed.test and len(split.train) == 16 and len(split.test) == 8
+        for data, idx in ((fed.data, split.train), (fed.test, split.test)):  # the green channel codes the centre
+            assert (data.images[idx, 1, 8, 8].float() - colour(0, c)[1]).abs().max() <= 6
+        assert sorted(fed.test.labels[split.test].tolist()) == list(range(8))  # one test image per class
+        copy_into(fed.model_state, fed.client_states[c]["personal"])
+        probs = predict_probs(fed.module, fed.test, split.test, fed.fabric)
+        want.append(classification_metrics(probs, fed.test.labels[split.test], 8)["balanced_accuracy"])
+    assert record["history"][-1]["metrics"]["test/balanced_accuracy"] == pytest.approx(sum(want) / 6, abs=1e-9)
+
+
 def test_fed_isic2019_missing_files_say_what_to_do(tmp_path):
     dm = DATASETS.get("fed-isic2019")(root=str(tmp_path / "nowhere"), cache_dir=str(tmp_path / "c"))
     with pytest.raises(DatasetNotFoundError, match="not found .*FLamby.*train_test_split"):

@@ -71,6 +71,19 @@ def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, 
     assert len(distinct_runs(runs)) == 13 * len(spec["seeds"])
 
 
+@pytest.mark.parametrize("config", ["fednpr_isic", "fednpr_ich", "fednpr_fashion-mnist", "fednpr-ablation_isic",
+                                    "fednpr-ablation_ich"])
+def test_every_planned_run_passes_the_checks_before_work(config):
+    """What `fedbench table` checks before the first run (bench/validation.py) holds for every row."""
+    from bench.validation import validate_config
+
+    runs = plan_runs(load_table_config(f"configs/tables/{config}.yaml"))
+    for r in runs:
+        validate_config(r.cfg)
+    if config.endswith("isic"):  # FLamby's folds: the whole train fold trains, each centre's test fold tests
+        assert {(r.cfg.fed.client_test, r.cfg.data.val_fraction) for r in runs} == {("site", 0.0)}
+
+
 def test_fednpr_numbers_are_tested_against_its_five_folds():
     """FedNPR reports mean ± std over five-fold cross-validation: the Welch test uses n = 5 for its cells
     (3 for FedBM's and FedCB's seeds)."""
