@@ -27,6 +27,9 @@ class DataConfig:
     val_fraction: float = 0.1  # carved from train when the dataset has no val split; 0: no validation split
     # (per-client protocol only, which never validates: clients then train on the whole train split)
     augment: Literal["none", "flip", "npr"] = "none"
+    # a published client split (rsna-ich: FedNPR's ich_datasplit_10cl.npy): the train/test splits become the
+    # file's, each sample's client its site (partition.scheme natural, fed.client_test site)
+    split_file: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 

@@ -46,6 +46,8 @@ CASES = [
                                     "of 'fedavg' uses")),
     (["--data.val_fraction", "1"], ("data.val_fraction must be in [0, 1) (0: no validation split, per-client "
                                     "protocol only), got 1.0.")),
+    (["--data.split_file", "split.npy"], ("data.split_file is a published client split, which 'digits' does not "
+                                          "read (only rsna-ich); leave it unset.")),
     (["--fed.client_test", "site", "--fed.protocol", "per_client"], ("fed.client_test site takes each client's "
                                                                      "test split from its site, which needs the "
                                                                      "natural partition")),
@@ -86,7 +88,7 @@ CASES = [
      "The model became NaN/inf after local training in round 0, client 0 (backbone."),  # BatchNorm statistics
 ]
 IDS = ["image-size-0", "image-size-negative", "train-cap-0", "train-cap-negative", "test-cap-0", "val-fraction-0",
-       "val-fraction-1", "client-test-site-not-natural", "client-test-site-global",
+       "val-fraction-1", "split-file-unsupported", "client-test-site-not-natural", "client-test-site-global",
        "lr-decay-negative", "lr-gamma-0", "lr-negative", "lr-nan", "momentum", "threads-negative", "devices-0",
        "timeout-0", "seed-negative", "precision-unknown", "precision-fp16-on-cpu", "accelerator-gpu-missing",
        "accelerator-cuda-missing", "method-arg-str-for-float", "method-arg-float-for-int", "method-arg-literal",
