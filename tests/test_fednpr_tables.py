@@ -21,7 +21,7 @@ def fednpr_coverage():
     return coverage(papers=["fednpr"])
 
 
-@pytest.mark.parametrize("dataset", ["isic", "ich"])
+@pytest.mark.parametrize("dataset", ["isic", "ich", "fashion-mnist"])
 def test_table3_has_every_method_scored_per_client(dataset):
     spec = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")
     runs = plan_runs(spec)

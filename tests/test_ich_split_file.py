@@ -39,14 +39,16 @@ def unique_greys(root: Path, keep: dict[str, int]) -> dict[str, int]:
 
 
 def client_lists(keep: dict[str, int], num_clients: int = 3) -> tuple[list[dict], list[dict]]:
-    """Deal the slices to clients: per client, 4/5 of its slices train and 1/5 test (client 2 lacks class 4)."""
+    """Deal each class's slices round-robin to the clients (client 2 lacks class 4: client 0 takes its
+    share); a client's first slice of a class is its test slice, the others train."""
     train: list[dict] = [{} for _ in range(num_clients)]
     test: list[dict] = [{} for _ in range(num_clients)]
-    for n, sid in enumerate(sorted(keep)):
-        c = n % num_clients
-        if c == 2 and keep[sid] == 4:
-            c = 0
-        (test if n % 5 == 0 else train)[c][sid] = keep[sid]
+    for label in range(5):
+        for j, sid in enumerate(s for s in sorted(keep) if keep[s] == label):
+            c = j % num_clients
+            if c == 2 and label == 4:
+                c = 0
+            (test if j < num_clients else train)[c][sid] = label
     return train, test
 
 
@@ -113,7 +115,7 @@ def test_rsna_ich_with_the_split_file_gives_the_files_clients(tmp_path):
     dm = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
                                   split_file=str(tmp_path / "split.npy"), val_fraction=0.0)
     dm.setup()
-    assert dm.val is None and (len(dm.train), len(dm.test)) == (40, 10)
+    assert dm.val is None and (len(dm.train), len(dm.test)) == (35, 15)
     for split, lists in ((dm.train, train), (dm.test, test)):
         for c, ids in enumerate(lists):
             mine = (split.groups == c).nonzero().flatten()
@@ -138,7 +140,7 @@ def test_split_file_slices_must_exist_with_the_files_label(tmp_path):
     write_split_file(tmp_path / "a.npy", train, test)
     dm = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
                                   split_file=str(tmp_path / "a.npy"))
-    with pytest.raises(DatasetNotFoundError, match="1 of the 41 train slices of the split file .*'ID_absent'"):
+    with pytest.raises(DatasetNotFoundError, match="1 of the 36 train slices of the split file .*'ID_absent'"):
         dm.decode()
     del train[0]["ID_absent"]
     train[0][first] = (train[0][first] + 1) % 5
@@ -189,3 +191,32 @@ def test_the_published_split_column_needs_the_file(tmp_path):
     (run,) = plan_runs(spec)
     assert (run.cfg.partition.scheme, run.cfg.fed.client_test) == ("natural", "site")
     assert parse_column("dirichlet-classwise-file").paper_partition == "dirichlet-classwise"  # FedNPR's key
+
+
+@pytest.mark.ddp
+def test_split_file_clients_same_with_one_and_two_ranks(tmp_path, tiny_cfg):
+    """Each client's test list lives in the test split, which every rank holds: clients scored on rank 1
+    give the same numbers as on rank 0."""
+    from conftest import load_final_state, max_state_diff, run_subprocess
+
+    from bench.records import load_record, record_path
+
+    root = tmp_path / "ich"
+    keep = build_rsna_csv(root)
+    train, test = client_lists(keep)
+    write_split_file(tmp_path / "split.npy", train, test)
+    common = {"data.name": "rsna-ich", "data.root": str(root), "data.image_size": 16,
+              "data.split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
+              "partition.scheme": "natural", "partition.num_clients": 3, "fed.client_test": "site",
+              "method.name": "fedavg", "fed.protocol": "per_client", "fed.rounds": 2, "fed.sample_ratio": 1.0,
+              "fed.batch_size": 8}
+    one = tiny_cfg(**common, experiment="one")
+    two = tiny_cfg(**common, experiment="two", devices=2)
+    record, state1 = run_in_process(one)
+    run_subprocess(two)
+    assert max_state_diff(state1, load_final_state(two)) <= 1e-6
+    two_record = load_record(record_path(two.output_dir, two.experiment, two.run_name()))
+    for a, b in zip(record["history"], two_record["history"], strict=True):
+        assert a["metrics"]["clients_evaluated"] == 3
+        for k, v in a["metrics"].items():
+            assert abs(v - b["metrics"][k]) <= 1e-6, (a["round"], k, v, b["metrics"][k])
