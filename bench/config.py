@@ -29,7 +29,7 @@ class DataConfig:
     augment: Literal["none", "flip", "npr"] = "none"
     # a published client split (rsna-ich: FedNPR's ich_datasplit_10cl.npy): the train/test splits become the
     # file's, each sample's client its site (partition.scheme natural, fed.client_test site)
-    split_file: str | None = None
+    client_split_file: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 

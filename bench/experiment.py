@@ -67,7 +67,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction, split_file=d.split_file)
+                               val_fraction=d.val_fraction, client_split_file=d.client_split_file)
 
 
 def method_arg_names(cls: type) -> set[str]:
@@ -145,7 +145,7 @@ def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
     parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
-    key = json.dumps(parts + ([d.split_file] if d.split_file else []))
+    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
     name = cfg.run_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")

@@ -150,9 +150,9 @@ def check_protocol(cfg: RunConfig) -> None:
     validation split (data.val_fraction 0) or with its clients' test splits from their sites
     (fed.client_test site) must be scored per client."""
     cls = METHODS.get(cfg.method.name)
-    if cfg.data.split_file is not None and DATASETS.get(cfg.data.name).split_file_format is None:
-        raise FedbenchError(f"data.split_file is a published client split, which {cfg.data.name!r} does not read "
-                            f"(only {', '.join(splittable_datasets())}); leave it unset.")
+    if cfg.data.client_split_file is not None and DATASETS.get(cfg.data.name).client_split_format is None:
+        raise FedbenchError(f"data.client_split_file is a published client split, which {cfg.data.name!r} does not "
+                            f"read (only {', '.join(splittable_datasets())}); leave it unset.")
     if cls.runs_centrally and cfg.fed.protocol not in (None, "global"):
         raise FedbenchError(f"{cfg.method.name!r} trains one model on the pooled data: fed.protocol "
                             f"{cfg.fed.protocol!r} does not apply (leave it unset).")

@@ -18,8 +18,8 @@ DATASETS: Registry[type[FederatedDataModule]] = Registry("dataset", "datamodules
 
 
 def splittable_datasets() -> list[str]:
-    """The datasets that read a published client split file (``data.split_file``)."""
-    return [n for n in DATASETS.names() if DATASETS.get(n).split_file_format is not None]
+    """The datasets that read a published client split file (``data.client_split_file``)."""
+    return [n for n in DATASETS.names() if DATASETS.get(n).client_split_format is not None]
 
 
 class FederatedDataModule(L.LightningDataModule):
@@ -38,8 +38,8 @@ class FederatedDataModule(L.LightningDataModule):
     std: ClassVar[tuple[float, ...]] = (0.229, 0.224, 0.225)
     download_hint: ClassVar[str] = ""
     decode_version: ClassVar[int] = 1
-    # the published client split file this dataset can read (``data.split_file``), None: it reads none
-    split_file_format: ClassVar[str | None] = None
+    # the published client split file this dataset can read (``data.client_split_file``), None: it reads none
+    client_split_format: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -50,13 +50,13 @@ class FederatedDataModule(L.LightningDataModule):
         max_test_samples: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
-        split_file: str | None = None,
+        client_split_file: str | None = None,
     ) -> None:
         super().__init__()
-        if split_file is not None and self.split_file_format is None:
-            raise FedbenchError(f"Dataset {self.name!r} reads no client split file (data.split_file "
-                                f"{split_file!r}); only {', '.join(splittable_datasets()) or 'none'} do.")
-        self.split_file = split_file
+        if client_split_file is not None and self.client_split_format is None:
+            raise FedbenchError(f"Dataset {self.name!r} reads no client split file (data.client_split_file "
+                                f"{client_split_file!r}); only {', '.join(splittable_datasets()) or 'none'} do.")
+        self.client_split_file = client_split_file
         self.root = root if root is not None else self.default_root
         self.image_size = int(image_size or self.default_image_size)
         self.cache_dir = cache_dir

@@ -94,7 +94,7 @@ def read_client_split(path: str | Path, num_classes: int) -> ClientSplitFile:
     if not path.is_file():
         raise DatasetNotFoundError(
             f"Client split file '{path}' not found. FedNPR's RSNA-ICH split is ich_datasplit_10cl.npy of "
-            "https://github.com/Jwicaksana/FedNPR (download it and pass its path as data.split_file).")
+            "https://github.com/Jwicaksana/FedNPR (download it and pass its path as data.client_split_file).")
     obj = read_npy_object(path)
     if not isinstance(obj, dict) or set(obj) != set(FOLDS):
         got = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__

@@ -19,7 +19,7 @@ either of two layouts under the data root:
 No official test labels exist: a fixed stratified 90/10 train/test split (seed 0) is made at
 decode time, so the cache and every run share it; ``setup`` carves validation from train.
 
-FedNPR's split (``data.split_file``: its ``ich_datasplit_10cl.npy``, read without running any pickled
+FedNPR's split (``data.client_split_file``: its ``ich_datasplit_10cl.npy``, read without running any pickled
 code by datamodules/client_split_file.py): the file lists, for each of its 10 clients, the slice ids of
 its training and test samples (80/20 per class within the client; 54,372 + 13,597 = all 67,969
 single-subtype slices; its per-client counts are the paper's Table 2). With it the train and test
@@ -108,17 +108,17 @@ class RSNAICH(FederatedDataModule):
         "PNG; then put stage_2_train.csv and the folder images/ID_<slice>.png under the data root, or the "
         f"single-subtype slices in class folders <root>/{{{','.join(SUBTYPES)}}}/*.png."
     )
-    split_file_format = "FedNPR's ich_datasplit_10cl.npy (https://github.com/Jwicaksana/FedNPR)"
+    client_split_format = "FedNPR's ich_datasplit_10cl.npy (https://github.com/Jwicaksana/FedNPR)"
 
     def cache_key(self) -> str:
         """A split file changes the splits: its resolved path is part of the key."""
-        if self.split_file is None:
+        if self.client_split_file is None:
             return super().cache_key()
-        return f"{super().cache_key()}|split={Path(self.split_file).expanduser().resolve()}"
+        return f"{super().cache_key()}|split={Path(self.client_split_file).expanduser().resolve()}"
 
     def source_fingerprint(self) -> str:
         base = super().source_fingerprint()
-        return base if self.split_file is None else f"{base}+{tree_fingerprint(self.split_file)}"
+        return base if self.client_split_file is None else f"{base}+{tree_fingerprint(self.client_split_file)}"
 
     def read_csv_layout(self, root: Path, label_csv: Path) -> tuple[list[Path], np.ndarray]:
         folder = next((root / d for d in IMAGE_DIRS if (root / d).is_dir()), root)
@@ -145,9 +145,9 @@ class RSNAICH(FederatedDataModule):
             f"Dataset {self.name!r}: neither {' nor '.join(LABEL_FILES)} nor class folders "
             f"({', '.join(SUBTYPES)}) found under '{root}'. {self.download_hint} Then pass --data.root /path/to/it.")
 
-    def decode_split_file(self, paths: list[Path], labels: np.ndarray) -> dict[str, TensorSplit]:
+    def decode_client_split_file(self, paths: list[Path], labels: np.ndarray) -> dict[str, TensorSplit]:
         """The train / test splits of the client split file, each sample's client in ``groups``."""
-        split = read_client_split(self.split_file, self.num_classes)
+        split = read_client_split(self.client_split_file, self.num_classes)
         by_id = {p.stem: (p, int(y)) for p, y in zip(paths, labels)}
         out = {}
         for fold in FOLDS:
@@ -158,14 +158,14 @@ class RSNAICH(FederatedDataModule):
             if missing:
                 raise DatasetNotFoundError(
                     f"Dataset {self.name!r}: {len(missing)} of the {len(ids)} {fold} slices of the split file "
-                    f"'{self.split_file}' are not among the single-subtype slices under '{self.root}', e.g. "
+                    f"'{self.client_split_file}' are not among the single-subtype slices under '{self.root}', e.g. "
                     f"{[str(i) for i in missing[:3]]}. {self.download_hint}")
             differ = [i for i, y in zip(ids, want) if by_id[i][1] != y]
             if differ:
                 i = differ[0]
                 raise DatasetNotFoundError(
-                    f"Dataset {self.name!r}: {len(differ)} {fold} slice(s) of '{self.split_file}' have another label "
-                    f"than under '{self.root}', e.g. {i}: {int(want[ids.tolist().index(i)])} in the file, "
+                    f"Dataset {self.name!r}: {len(differ)} {fold} slice(s) of '{self.client_split_file}' have another "
+                    f"label than under '{self.root}', e.g. {i}: {int(want[ids.tolist().index(i)])} in the file, "
                     f"{by_id[i][1]} ({SUBTYPES[by_id[i][1]]}) in the data; the file's labels must follow "
                     f"{', '.join(SUBTYPES)}.")
             images = decode_image_files([by_id[i][0] for i in ids], self.image_size, self.in_channels,
@@ -176,8 +176,8 @@ class RSNAICH(FederatedDataModule):
     def decode(self) -> dict[str, TensorSplit]:
         root = self.require_root()
         paths, labels = self.slices(root)
-        if self.split_file is not None:
-            return self.decode_split_file(paths, labels)
+        if self.client_split_file is not None:
+            return self.decode_client_split_file(paths, labels)
         images = decode_image_files(paths, self.image_size, self.in_channels, desc=f"decoding {self.name}")
         labels_t = torch.from_numpy(labels)
         train, test = (torch.from_numpy(p) for p in

@@ -496,4 +496,4 @@ def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
     if dataset == "ich":  # FedNPR's published split: its 10 clients as sites
         assert {(r.cfg.partition.scheme, r.cfg.partition.num_clients, r.cfg.data.name, r.cfg.fed.client_test)
                 for r in runs} == {("natural", 10, "rsna-ich", "site")}
-        assert {Path(r.cfg.data.split_file).name for r in runs} == {"ich_datasplit_10cl.npy"}
+        assert {Path(r.cfg.data.client_split_file).name for r in runs} == {"ich_datasplit_10cl.npy"}

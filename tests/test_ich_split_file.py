@@ -19,7 +19,7 @@ from datamodules.base import DATASETS
 from datamodules.client_split_file import read_client_split
 
 
-def write_split_file(path: Path, train: list[dict[str, int]], test: list[dict[str, int]]) -> None:
+def write_client_split_file(path: Path, train: list[dict[str, int]], test: list[dict[str, int]]) -> None:
     """The notebooks' format: np.save of {"train"/"test": {client: {"image": ids, "label": labels}}}, both
     object arrays (what the authors' file holds)."""
     def fold(clients):
@@ -55,7 +55,7 @@ def client_lists(keep: dict[str, int], num_clients: int = 3) -> tuple[list[dict]
 def test_reads_the_notebooks_format(tmp_path):
     train = [{"ID_a": 3, "ID_b": 4}, {"ID_c": 0}]
     test = [{"ID_d": 1}, {"ID_e": 2, "ID_f": 0}]
-    write_split_file(tmp_path / "s.npy", train, test)
+    write_client_split_file(tmp_path / "s.npy", train, test)
     split = read_client_split(tmp_path / "s.npy", 5)
     assert split.num_clients == 2
     assert [a.tolist() for a in split.ids["train"]] == [["ID_a", "ID_b"], ["ID_c"]]
@@ -89,16 +89,16 @@ def test_a_pickled_payload_is_refused_and_never_runs(tmp_path):
     ("missing", "not found. FedNPR's RSNA-ICH split is ich_datasplit_10cl.npy"),
     ("not-npy", "is not a NumPy .npy file"),
 ])
-def test_a_malformed_split_file_is_one_clear_error(tmp_path, case, message):
+def test_a_malformed_client_split_file_is_one_clear_error(tmp_path, case, message):
     path = tmp_path / "s.npy"
     if case == "keys":
         np.save(path, {"train": {}}, allow_pickle=True)
     elif case == "label":
-        write_split_file(path, [{"ID_a": 5}], [{"ID_b": 0}])
+        write_client_split_file(path, [{"ID_a": 5}], [{"ID_b": 0}])
     elif case == "twice":
-        write_split_file(path, [{"ID_a": 1}], [{"ID_a": 1}])
+        write_client_split_file(path, [{"ID_a": 1}], [{"ID_a": 1}])
     elif case == "clients":
-        write_split_file(path, [{"ID_a": 1}], [{"ID_b": 1}, {"ID_c": 2}])
+        write_client_split_file(path, [{"ID_a": 1}], [{"ID_b": 1}, {"ID_c": 2}])
     elif case == "not-npy":
         path.write_bytes(b"hello")
     with pytest.raises(DatasetNotFoundError, match=message.replace("(", r"\(").replace(")", r"\)").replace(
@@ -106,14 +106,14 @@ def test_a_malformed_split_file_is_one_clear_error(tmp_path, case, message):
         read_client_split(path, 5)
 
 
-def test_rsna_ich_with_the_split_file_gives_the_files_clients(tmp_path):
+def test_rsna_ich_with_the_client_split_file_gives_the_files_clients(tmp_path):
     root = tmp_path / "ich"
     keep = build_rsna_csv(root)
     greys = unique_greys(root, keep)
     train, test = client_lists(keep)
-    write_split_file(tmp_path / "split.npy", train, test)
+    write_client_split_file(tmp_path / "split.npy", train, test)
     dm = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
-                                  split_file=str(tmp_path / "split.npy"), val_fraction=0.0)
+                                  client_split_file=str(tmp_path / "split.npy"), val_fraction=0.0)
     dm.setup()
     assert dm.val is None and (len(dm.train), len(dm.test)) == (35, 15)
     for split, lists in ((dm.train, train), (dm.test, test)):
@@ -124,48 +124,48 @@ def test_rsna_ich_with_the_split_file_gives_the_files_clients(tmp_path):
     assert 4 not in dm.train.labels[dm.train.groups == 2].tolist()
     # another file is another split: a different cache entry, never the old decode
     other_train, other_test = client_lists(keep, num_clients=2)
-    write_split_file(tmp_path / "other.npy", other_train, other_test)
+    write_client_split_file(tmp_path / "other.npy", other_train, other_test)
     other = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
-                                     split_file=str(tmp_path / "other.npy"))
+                                     client_split_file=str(tmp_path / "other.npy"))
     other.setup()
     assert set(other.test.groups.tolist()) == {0, 1}
 
 
-def test_split_file_slices_must_exist_with_the_files_label(tmp_path):
+def test_client_split_file_slices_must_exist_with_the_files_label(tmp_path):
     root = tmp_path / "ich"
     keep = build_rsna_csv(root)
     train, test = client_lists(keep)
     first = next(iter(train[0]))
     train[0]["ID_absent"] = 1
-    write_split_file(tmp_path / "a.npy", train, test)
+    write_client_split_file(tmp_path / "a.npy", train, test)
     dm = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
-                                  split_file=str(tmp_path / "a.npy"))
+                                  client_split_file=str(tmp_path / "a.npy"))
     with pytest.raises(DatasetNotFoundError, match="1 of the 36 train slices of the split file .*'ID_absent'"):
         dm.decode()
     del train[0]["ID_absent"]
     train[0][first] = (train[0][first] + 1) % 5
-    write_split_file(tmp_path / "b.npy", train, test)
+    write_client_split_file(tmp_path / "b.npy", train, test)
     dm = DATASETS.get("rsna-ich")(root=str(root), image_size=16, cache_dir=str(tmp_path / "c"),
-                                  split_file=str(tmp_path / "b.npy"))
+                                  client_split_file=str(tmp_path / "b.npy"))
     with pytest.raises(DatasetNotFoundError, match=f"1 train slice.* another label .*{first}.*must follow "
                                                    + ", ".join(SUBTYPES)):
         dm.decode()
 
 
-def test_only_rsna_ich_reads_a_split_file(tmp_path):
+def test_only_rsna_ich_reads_a_client_split_file(tmp_path):
     with pytest.raises(FedbenchError, match="reads no client split file .* only rsna-ich do"):
-        DATASETS.get("digits")(split_file=str(tmp_path / "s.npy"))
+        DATASETS.get("digits")(client_split_file=str(tmp_path / "s.npy"))
 
 
-def test_fednpr_clients_from_the_split_file_end_to_end(tmp_path, tiny_cfg, captured):
+def test_fednpr_clients_from_the_client_split_file_end_to_end(tmp_path, tiny_cfg, captured):
     """The ICH table's column: natural partition over the file's clients, each trained on its train list
     and scored on its test list."""
     root = tmp_path / "ich"
     keep = build_rsna_csv(root)
     train, test = client_lists(keep)
-    write_split_file(tmp_path / "split.npy", train, test)
+    write_client_split_file(tmp_path / "split.npy", train, test)
     cfg = tiny_cfg(**{"data.name": "rsna-ich", "data.root": str(root), "data.image_size": 16,
-                      "data.split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
+                      "data.client_split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
                       "partition.scheme": "natural", "partition.num_clients": 3, "fed.client_test": "site",
                       "method.name": "fednpr-per", "method.args": {"num_subclusters": 2, "lam": 0.05},
                       "method.optimizer": "adam", "method.lr": 1e-3, "fed.rounds": 2, "fed.sample_ratio": 1.0,
@@ -185,16 +185,16 @@ def test_the_published_split_column_needs_the_file(tmp_path):
             "base": {"data": {"name": "rsna-ich"}, "partition": {"num_clients": 10}, "fed": {"client_test": "site"}},
             "rows": [{"label": "FedNPR-Per", "method": {"name": "fednpr-per"}}]}
     with pytest.raises(FedbenchError, match="column dirichlet-classwise-file is a published client split: set "
-                                            "data.split_file"):
+                                            "data.client_split_file"):
         plan_runs(spec)
-    spec["base"]["data"]["split_file"] = "ich_datasplit_10cl.npy"
+    spec["base"]["data"]["client_split_file"] = "ich_datasplit_10cl.npy"
     (run,) = plan_runs(spec)
     assert (run.cfg.partition.scheme, run.cfg.fed.client_test) == ("natural", "site")
     assert parse_column("dirichlet-classwise-file").paper_partition == "dirichlet-classwise"  # FedNPR's key
 
 
 @pytest.mark.ddp
-def test_split_file_clients_same_with_one_and_two_ranks(tmp_path, tiny_cfg):
+def test_client_split_file_clients_same_with_one_and_two_ranks(tmp_path, tiny_cfg):
     """Each client's test list lives in the test split, which every rank holds: clients scored on rank 1
     give the same numbers as on rank 0."""
     from conftest import load_final_state, max_state_diff, run_subprocess
@@ -204,9 +204,9 @@ def test_split_file_clients_same_with_one_and_two_ranks(tmp_path, tiny_cfg):
     root = tmp_path / "ich"
     keep = build_rsna_csv(root)
     train, test = client_lists(keep)
-    write_split_file(tmp_path / "split.npy", train, test)
+    write_client_split_file(tmp_path / "split.npy", train, test)
     common = {"data.name": "rsna-ich", "data.root": str(root), "data.image_size": 16,
-              "data.split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
+              "data.client_split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
               "partition.scheme": "natural", "partition.num_clients": 3, "fed.client_test": "site",
               "method.name": "fedavg", "fed.protocol": "per_client", "fed.rounds": 2, "fed.sample_ratio": 1.0,
               "fed.batch_size": 8}

@@ -46,8 +46,8 @@ CASES = [
                                     "of 'fedavg' uses")),
     (["--data.val_fraction", "1"], ("data.val_fraction must be in [0, 1) (0: no validation split, per-client "
                                     "protocol only), got 1.0.")),
-    (["--data.split_file", "split.npy"], ("data.split_file is a published client split, which 'digits' does not "
-                                          "read (only rsna-ich); leave it unset.")),
+    (["--data.client_split_file", "split.npy"], ("data.client_split_file is a published client split, which 'digits' "
+                                                 "does not read (only rsna-ich); leave it unset.")),
     (["--fed.client_test", "site", "--fed.protocol", "per_client"], ("fed.client_test site takes each client's "
                                                                      "test split from its site, which needs the "
                                                                      "natural partition")),

@@ -7,7 +7,7 @@ A table config lists its columns (``columns: [...]``); each is one of
                                  scheme dirichlet_missing, missing_prob from the config); paper key
                                  ``dirichlet-classwise`` (the papers do not print the beta)
     dirichlet-classwise-file     the class-wise Dirichlet split as published in a file (FedNPR's
-                                 ich_datasplit_10cl.npy as data.split_file): the file's clients as sites
+                                 ich_datasplit_10cl.npy as data.client_split_file): the file's clients as sites
                                  (scheme natural) tested on their own test lists (fed.client_test site);
                                  paper key ``dirichlet-classwise``
     lda-<alpha>                  FST-CBDG's "LDA": a per-class Dirichlet(alpha) (scheme dirichlet)
@@ -41,8 +41,8 @@ _PATTERNS = (
     (re.compile(r"^shards-(\d+)$"), "shards"),
     (re.compile(r"^(iid|natural|none|average)$"), "plain"),
 )
-KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "dirichlet-classwise-file", "lda-<alpha>", "shards-<s>", "iid", "natural",
-         "none", "average")
+KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "dirichlet-classwise-file", "lda-<alpha>",
+         "shards-<s>", "iid", "natural", "none", "average")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class Column:
     partition: dict[str, Any] = field(default_factory=dict)  # partition config overrides of its runs
     beta: float | None = None  # the Dirichlet concentration, when the column has one
     derived: bool = False  # computed from the other columns, never run
-    split_file: bool = False  # its runs read a published client split (data.split_file, fed.client_test site)
+    # its runs read a published client split (data.client_split_file, fed.client_test site)
+    client_split_file: bool = False
 
     @property
     def file_tag(self) -> str:
@@ -76,7 +77,7 @@ def parse_column(text: str) -> Column:
             return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "beta": b}, beta=b)
         if kind == "dirichlet-classwise-file":
             return Column(text, "dirichlet-classwise", "class-wise Dir. (published split)", {"scheme": "natural"},
-                          split_file=True)
+                          client_split_file=True)
         if kind == "dirichlet-classwise":
             if m.group(1) is None:
                 return Column(text, "dirichlet-classwise", "class-wise Dir.", {"scheme": "dirichlet_missing"})
