@@ -76,7 +76,7 @@ def parse_column(text: str) -> Column:
             b = float(m.group(1))
             return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "beta": b}, beta=b)
         if kind == "dirichlet-classwise-file":
-            return Column(text, "dirichlet-classwise", "class-wise Dir. (published split)", {"scheme": "natural"},
+            return Column(text, "dirichlet-classwise", "published split", {"scheme": "natural"},
                           client_split_file=True)
         if kind == "dirichlet-classwise":
             if m.group(1) is None:
