@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
+.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -53,6 +53,9 @@ table-ablation: install
 
 table-fednpr: install
 	$(BIN)/fedbench table --config configs/tables/fednpr_$(DATASET).yaml $(ARGS)
+
+table-fednpr-ablation: install
+	$(BIN)/fedbench table --config configs/tables/fednpr-ablation_$(DATASET).yaml $(ARGS)
 
 table-facmic: install
 	$(BIN)/fedbench table --config configs/tables/facmic_$(DATASET).yaml $(ARGS)

@@ -30,8 +30,12 @@ class DataConfig:
     image_size: int | None = None  # default: the dataset's default size
     max_train_samples: int | None = None  # class-stratified subset, for small budgets
     max_test_samples: int | None = None  # caps val and test alike
-    val_fraction: float = 0.1  # carved from train when the dataset has no val split
+    val_fraction: float = 0.1  # carved from train when the dataset has no val split; 0: no validation split
+    # (per-client protocol only, which never validates: clients then train on the whole train split)
     augment: Literal["none", "flip", "npr"] = "none"
+    # a published client split (rsna-ich: FedNPR's ich_datasplit_10cl.npy): the train/test splits become the
+    # file's, each sample's client its site (partition.scheme natural, fed.client_test site)
+    client_split_file: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 
@@ -60,7 +64,11 @@ class FedConfig:
     lr_gamma: float = 0.1
     keep_optimizer_state: bool = False  # each client keeps its optimizer state (momentum) across rounds
     weighting: Literal["samples", "uniform"] = "samples"
-    client_test_fraction: float = 0.2  # per-client protocol: each client's own test split
+    # per-client protocol: each client's own test split is "carved" (client_test_fraction of its training share,
+    # stratified) or "site" (the dataset's test split samples of the client's site: natural partition, e.g.
+    # FLamby's per-centre test folds of Fed-ISIC2019)
+    client_test: Literal["carved", "site"] = "carved"
+    client_test_fraction: float = 0.2
     eval_every: int = 1
     # what is evaluated (bench/reporting/protocols.py): None = the method's own protocol; "global"
     # scores the global model (FedRep: averaged body + initial head; FedRoD: its generic head),

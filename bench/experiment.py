@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
@@ -66,7 +67,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction, run_seed=cfg.seed)
+                               val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file)
 
 
 def method_arg_names(cls: type) -> set[str]:
@@ -90,13 +91,46 @@ def to_device(split: TensorSplit, dm: FederatedDataModule, device, dtype: torch.
     return DeviceData(split.images.to(device), split.labels.to(device), mean.to(dtype), std.to(dtype))
 
 
-def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: bool, device) -> list[ClientSplit]:
+def site_test_splits(train: TensorSplit, test: TensorSplit, num_clients: int) -> list[np.ndarray]:
+    """Each client's test samples under ``fed.client_test: site``: the test split's samples of its site
+    (client c of the natural partition is the c-th site in sorted order, datamodules/partition.py)."""
+    if train.groups is None or test.groups is None:
+        raise PartitionError("fed.client_test site needs a site id for every train and test sample, which this "
+                             "dataset does not give; use fed.client_test carved.")
+    sites = np.unique(train.groups.numpy())
+    if len(sites) != num_clients:
+        raise PartitionError(f"fed.client_test site: {len(sites)} sites in the training data for {num_clients} "
+                             "clients (the natural partition has one client per site).")
+    test_groups = test.groups.numpy()
+    out = []
+    for c, site in enumerate(sites):
+        idx = np.flatnonzero(test_groups == site)
+        if len(idx) == 0:
+            raise PartitionError(f"fed.client_test site: client {c} (site {site}) has no sample in the test split; "
+                                 "use fed.client_test carved.")
+        out.append(idx)
+    return out
+
+
+def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: bool, device,
+                  test: TensorSplit | None = None, test_data: DeviceData | None = None) -> list[ClientSplit]:
+    """Each client's training indices and, for the per-client protocol, its own test split: carved from its
+    training share (``fed.client_test: carved``) or the test split's samples of its site (``site``: ``test``
+    gives the sites, ``test_data`` is the device split the indices refer to)."""
     out = []
     labels = train.labels.numpy()
+    site_tests = None
+    if per_client and cfg.fed.client_test == "site":
+        if test is None or test_data is None:
+            raise FedbenchError("fed.client_test site: the test split is needed to find each site's samples.")
+        site_tests = site_test_splits(train, test, len(parts))
     for c, idx in enumerate(parts):
         if len(idx) == 0:
             raise PartitionError(f"Client {c} received no samples; use fewer clients or a larger partition.min_size.")
-        if per_client:
+        if site_tests is not None:
+            out.append(ClientSplit(torch.as_tensor(idx, device=device),
+                                   torch.as_tensor(site_tests[c], device=device), test_data))
+        elif per_client:
             f = cfg.fed.client_test_fraction
             tr, te = stratified_split(labels[idx], [1 - f, f], seed=derive_seed(cfg.seed, -1, c, INIT) % 2**32)
             if len(tr) == 0 or len(te) == 0:
@@ -111,7 +145,8 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
 def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
-    key = json.dumps([d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed])
+    parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
+    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
     name = cfg.run_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
@@ -146,7 +181,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         module.to(dtype)
     device = fabric.device
     train = to_device(dm.train, dm, device, dtype)
-    val, test = to_device(dm.val, dm, device, dtype), to_device(dm.test, dm, device, dtype)
+    val = None if dm.val is None else to_device(dm.val, dm, device, dtype)
+    test = to_device(dm.test, dm, device, dtype)
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     observer = observer or RunObserver()
@@ -158,7 +194,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
             fed_cfg, clients = as_one_client(cfg, len(train.labels), device)
         else:
             fed_cfg = cfg
-            clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device)
+            clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device, dm.test, test)
         fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
         fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
         fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
@@ -181,7 +217,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
         "partition": {**part.to_json(), "counts": counts.tolist()},
-        "splits": {"train": len(dm.train), "val": len(dm.val), "test": len(dm.test)},
+        "splits": {"train": len(dm.train), "val": 0 if dm.val is None else len(dm.val), "test": len(dm.test)},
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,

@@ -36,10 +36,13 @@ def lr_for_round(cfg: RunConfig, round_idx: int) -> float:
 
 @dataclass
 class ClientSplit:
-    """A client's sample indices: what it trains on, and its own test split (per-client protocol)."""
+    """A client's sample indices: what it trains on (into the training data), and its own test split
+    (per-client protocol): indices into ``test_data``, or into the training data when that is None
+    (a test split carved from the client's training share)."""
 
     train: torch.Tensor
     test: torch.Tensor | None = None
+    test_data: DeviceData | None = None
 
 
 @dataclass
@@ -133,7 +136,9 @@ class Federation:
         c, r = ctx.client_id, ctx.round_idx
         if self.protocol == "per_client":
             def evaluate() -> dict[str, float]:
-                m = evaluate_local(self.module, self.data, self.clients[c].test, self.fabric, self.num_classes)
+                split = self.clients[c]
+                data = self.data if split.test_data is None else split.test_data
+                m = evaluate_local(self.module, data, split.test, self.fabric, self.num_classes)
                 return {f"test/{k}": v for k, v in m.items()}
 
             scores = self.module.evaluate_client(ctx, evaluate)

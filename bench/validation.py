@@ -16,7 +16,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
-from datamodules.base import DATASETS
+from datamodules.base import DATASETS, splittable_datasets
 from lightning_modules.base import METHODS, FederatedModule
 
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
@@ -146,10 +146,30 @@ def check_method_args(cfg: RunConfig) -> None:
 
 # ---- fed.protocol --------------------------------------------------------------------------------
 def check_protocol(cfg: RunConfig) -> None:
-    """A method that trains one model on the pooled data is scored globally only."""
-    if METHODS.get(cfg.method.name).runs_centrally and cfg.fed.protocol not in (None, "global"):
+    """A method that trains one model on the pooled data is scored globally only; a run without a
+    validation split (data.val_fraction 0) or with its clients' test splits from their sites
+    (fed.client_test site) must be scored per client."""
+    cls = METHODS.get(cfg.method.name)
+    if cfg.data.client_split_file is not None and DATASETS.get(cfg.data.name).client_split_format is None:
+        raise FedbenchError(f"data.client_split_file is a published client split, which {cfg.data.name!r} does not "
+                            f"read (only {', '.join(splittable_datasets())}); leave it unset.")
+    if cls.runs_centrally and cfg.fed.protocol not in (None, "global"):
         raise FedbenchError(f"{cfg.method.name!r} trains one model on the pooled data: fed.protocol "
                             f"{cfg.fed.protocol!r} does not apply (leave it unset).")
+    protocol = "global" if cls.runs_centrally else cfg.fed.protocol or cls.protocol
+    if cfg.data.val_fraction == 0 and protocol != "per_client":
+        raise FedbenchError(f"data.val_fraction 0 leaves no validation split, which the {protocol!r} protocol of "
+                            f"{cfg.method.name!r} uses: set it in (0, 1), or score the run per client "
+                            "(fed.protocol per_client).")
+    if cfg.fed.client_test == "site":
+        if protocol != "per_client":
+            raise FedbenchError(f"fed.client_test site gives each client its own test split, which only the "
+                                f"per-client protocol uses ({cfg.method.name!r} is scored {protocol!r}): set "
+                                "fed.protocol per_client, or leave fed.client_test at 'carved'.")
+        if cfg.partition.scheme != "natural":
+            raise FedbenchError(f"fed.client_test site takes each client's test split from its site, which needs "
+                                f"the natural partition (one client per site), not {cfg.partition.scheme!r}: set "
+                                "partition.scheme natural, or fed.client_test carved.")
 
 
 # ---- ranges --------------------------------------------------------------------------------------
@@ -169,7 +189,8 @@ def check_ranges(cfg: RunConfig) -> None:
     for name in ("max_train_samples", "max_test_samples"):
         value = getattr(d, name)
         require(value is None or value >= 1, f"data.{name}", ">= 1 (or null for no cap)", value)
-    require(finite(d.val_fraction) and 0 < d.val_fraction < 1, "data.val_fraction", "in (0, 1)", d.val_fraction)
+    require(finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction",
+            "in [0, 1) (0: no validation split, per-client protocol only)", d.val_fraction)
     require(p.num_clients >= 1, "partition.num_clients", ">= 1", p.num_clients)
     if p.scheme.startswith("dirichlet") and not (finite(p.beta) and p.beta > 0):
         raise PartitionError(f"partition.beta must be > 0, got {p.beta}.")

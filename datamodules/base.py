@@ -18,6 +18,11 @@ from datamodules.tensors import TensorSplit, cached_decode
 DATASETS: Registry[type[FederatedDataModule]] = Registry("dataset", "datamodules")
 
 
+def splittable_datasets() -> list[str]:
+    """The datasets that read a published client split file (``data.client_split_file``)."""
+    return [n for n in DATASETS.names() if DATASETS.get(n).client_split_format is not None]
+
+
 class FederatedDataModule(L.LightningDataModule):
     """A dataset of the suite: its files, class names, splits, image size and normalisation.
 
@@ -40,6 +45,8 @@ class FederatedDataModule(L.LightningDataModule):
     std: ClassVar[tuple[float, ...]] = (0.229, 0.224, 0.225)
     download_hint: ClassVar[str] = ""
     decode_version: ClassVar[int] = 1
+    # the published client split file this dataset can read (``data.client_split_file``), None: it reads none
+    client_split_format: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -51,14 +58,24 @@ class FederatedDataModule(L.LightningDataModule):
         val_fraction: float = 0.1,
         split_seed: int = 0,
         run_seed: int = 0,
+        client_split_file: str | None = None,
     ) -> None:
         super().__init__()
+        if client_split_file is not None and self.client_split_format is None:
+            raise FedbenchError(f"Dataset {self.name!r} reads no client split file (data.client_split_file "
+                                f"{client_split_file!r}); only {', '.join(splittable_datasets()) or 'none'} do.")
+        self.client_split_file = client_split_file
         self.root_source = "data.root"
         self.data_home: Path | None = None
         if root is None:
             root, self.root_source = self.resolve_root()
         self.root = root
         self.run_seed = run_seed
+        if client_split_file is not None and root is not None and not Path(client_split_file).expanduser().is_absolute():
+            # a relative split file is looked for in the dataset's folder (e.g. under the data home), then here
+            beside = Path(root).expanduser() / client_split_file
+            self.client_split_file = str(beside) if beside.exists() or not Path(client_split_file).exists() \
+                else client_split_file
         self.image_size = int(image_size or self.default_image_size)
         self.cache_dir = cache_dir
         self.max_train_samples = max_train_samples
@@ -67,7 +84,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.split_seed = split_seed
         self.fingerprint = "-"  # of the source files, set by setup
         self.train: TensorSplit
-        self.val: TensorSplit
+        self.val: TensorSplit | None  # None with val_fraction 0 (and no val split of the dataset's own)
         self.test: TensorSplit
 
     # ---- subclass API -------------------------------------------------------------------
@@ -143,8 +160,11 @@ class FederatedDataModule(L.LightningDataModule):
         splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint,
                                required=("train", "test"))
         train = splits["train"]
+        val: TensorSplit | None
         if "val" in splits:
             val = splits["val"]
+        elif self.val_fraction == 0:  # no validation split: the per-client protocol never validates
+            val = None
         else:
             tr_idx, va_idx = stratified_split(
                 train.labels.numpy(), [1 - self.val_fraction, self.val_fraction], self.split_seed
@@ -161,9 +181,12 @@ class FederatedDataModule(L.LightningDataModule):
             train = train.subset(torch.from_numpy(stratified_subset(train.labels.numpy(), self.max_train_samples, self.split_seed)))
         if self.max_test_samples:
             keep = self.max_test_samples
-            val = val.subset(torch.from_numpy(stratified_subset(val.labels.numpy(), keep, self.split_seed)))
+            if val is not None:
+                val = val.subset(torch.from_numpy(stratified_subset(val.labels.numpy(), keep, self.split_seed)))
             test = test.subset(torch.from_numpy(stratified_subset(test.labels.numpy(), keep, self.split_seed)))
         for split_name, split in (("train", train), ("val", val), ("test", test)):
+            if split is None:
+                continue
             if len(split) == 0:
                 raise DatasetNotFoundError(f"Dataset {self.name!r}: the {split_name} split is empty under {self.root!r}.")
             if int(split.labels.max()) >= self.num_classes or int(split.labels.min()) < 0:

@@ -16,8 +16,11 @@ one of the eight classes (UNK is never set in ISIC 2019 training data and is rej
 
 Centres (``TensorSplit.groups``, so ``partition.scheme: natural`` with 6 clients gives one client
 per centre): 0 BCN, 1 ViDIR Molemax, 2 ViDIR Modern, 3 Rosendahl, 4 MSK, 5 ViDIR Old (FLamby's
-HAM_vienna_dias). Splits: FLamby's per-centre train / test folds (80/20 stratified by centre);
-``setup`` carves the validation split from train. Images are resized to a square
+HAM_vienna_dias). Splits: FLamby's per-centre train / test folds (80/20 stratified by centre), each
+sample keeping its centre in ``groups``; ``setup`` carves the validation split from train unless
+``data.val_fraction`` is 0. FedNPR's protocol (configs/tables/fednpr_isic.yaml): client c trains on
+the train fold of centre c and is tested on its test fold (``fed.client_test: site``, with
+``data.val_fraction: 0`` so that nothing of the train fold is held out). Images are resized to a square
 ``image_size`` (224 by default, as in FedNPR).
 """
 from __future__ import annotations

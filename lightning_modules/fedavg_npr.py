@@ -1,8 +1,10 @@
-"""FedAvg + NPR (FedNPR, Sec. 5.4 / Table 6): FedAvg's cross-entropy plus the NPR regulariser.
+"""FedAvg + NPR: FedAvg's cross-entropy plus the NPR regulariser, every tensor averaged.
 
-Unlike FedNPR there is no balanced softmax, so the two rows isolate BSM's share. Evaluated
-under FedNPR's per-client protocol; with ``lam: 0`` it is plain FedAvg under that protocol
-(the prototypes are then never computed), which is how FedNPR's tables show a FedAvg row.
+Unlike FedNPR there is no balanced softmax (it is ``fednpr`` with ``balanced_softmax: false``), so the
+two isolate BSM's share. FedNPR's Table 6 row "FedAvg+NPR" prints FedNPR's own Table 3 numbers, so the
+table configs compare that row with ``fednpr``, not with this method. Evaluated under FedNPR's
+per-client protocol; with ``lam: 0`` it is plain FedAvg under that protocol (the prototypes are then
+never computed).
 """
 from __future__ import annotations
 

@@ -22,11 +22,20 @@ model it received (the paper updates them "at each training round" from the late
 per-sample standardisation of the scores is a LayerNorm without affine over the classes (the public
 code's). ``npr_variant="public_code"`` (methods ``fednpr-code``, ``fednpr-per-code``) reproduces what
 the authors' public code effectively does: an NPR weight of 1 (it adds lambda as a constant) and
-uniformly random sub-cluster assignments. With ``lam: 0`` (paper variant) NPR is skipped entirely.
+uniformly random sub-cluster assignments.
+
+Component switches (Table 4; FedNPR-Per inherits them): ``lam: 0`` drops NPR (paper variant: the
+prototypes are never computed, the loss is BSM alone); ``balanced_softmax: false`` drops the
+balanced softmax, the classifier is trained with plain CE on the client's labels (CE + lambda * NPR);
+``num_subclusters: 1`` is single-sub-cluster NPR. Table 4's "global supervision" is BSM: the paper
+calls it the common objective across clients (Sec. 3.4.1, 5.1); its rows without it are read as
+CE + NPR, not NPR alone (NPR alone never trains the classifier, so its ~57-61% bACC could not come
+from the classifier the rows are scored with).
 
 NPR composes with any method whose loss can be written on pooled features: a method with
 ``NPRMethod`` as a base gets the NPR options and ``self.npr``, and adds it in its objective,
-``self.npr.objective(self, ctx, feature_loss)`` (FedAvg+NPR in fedavg_npr.py; README, "Adding a method").
+``self.npr.objective(self, ctx, feature_loss)`` (FedAvg+NPR in fedavg_npr.py, FedBABU / FedRep / FedRoD +
+NPR of Table 6 in fedbabu_npr.py, fedrep_npr.py, fedrod_npr.py; README, "Adding a method").
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch.nn.functional as F
 from torch import Tensor
 
 from bench.core.errors import FedbenchError
@@ -113,13 +123,24 @@ class NPRMethod(FederatedModule):
 
 @METHODS.register("fednpr")
 class FedNPR(NPRMethod):
-    """FedNPR: BSM + NPR locally, every tensor averaged."""
+    """FedNPR: BSM + NPR locally, every tensor averaged. ``balanced_softmax: false`` trains the
+    classifier with plain CE instead (Table 4's rows without global supervision)."""
 
     protocol: ClassVar[str] = "per_client"
 
-    def client_objective(self, ctx: ClientContext) -> Objective:
+    def __init__(self, *args, balanced_softmax: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.balanced_softmax = bool(balanced_softmax)
+
+    def supervision(self, ctx: ClientContext) -> FeatureLoss:
+        """The classifier's loss on pooled features: BSM with the client's class prior (Eq. 4), or CE."""
+        if not self.balanced_softmax:
+            return lambda f, y: F.cross_entropy(self.head(f), y)
         log_prior = class_log_prior(ctx.labels, self.num_classes)
-        return self.npr.objective(self, ctx, lambda f, y: balanced_softmax_loss(self.head(f), y, log_prior))
+        return lambda f, y: balanced_softmax_loss(self.head(f), y, log_prior)
+
+    def client_objective(self, ctx: ClientContext) -> Objective:
+        return self.npr.objective(self, ctx, self.supervision(ctx))
 
 
 @METHODS.register("fednpr-code")

@@ -4,7 +4,9 @@ Learning", ICML 2021, Algorithm 1).
 Each client keeps its own head (personal, never aggregated). Its local update, with the received
 body (``local_update``):
   1. the head is trained for ``head_epochs`` epochs with the body frozen;
-  2. the body is trained for the run's ``fed.local_epochs`` with the head frozen;
+  2. the body is trained for the run's ``fed.local_epochs`` with the head frozen, minimising
+     ``client_objective(ctx)`` (CE; FedRep+NPR adds NPR, fedrep_npr.py), which is built from the
+     received model before phase 1;
 only the body (with its BatchNorm buffers) is averaged. Evaluation is per client: its
 body and head right after its local training, on its own test split.
 
@@ -42,9 +44,10 @@ class FedRep(FederatedModule):
         return train_params(self, ctx, list(self.head.parameters()), self.head_epochs, phase="head phase")
 
     def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
+        body_objective = self.client_objective(ctx)  # built from the received model, before the head moves
         self.train_head(ctx)
         self.head.requires_grad_(False)  # phase 2: the local optimizer then holds the body only
         try:
-            return super().local_update(ctx, batches)
+            return self.train_epochs(ctx, batches, body_objective)
         finally:
             self.head.requires_grad_(True)

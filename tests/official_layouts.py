@@ -242,6 +242,20 @@ def write_fashion_mnist(base: Path, train: int, test: int) -> None:
         write_idx(base / f"{prefix}-labels-idx1-ubyte.gz", labels)
 
 
+def write_ich_split_file(path: Path, keep: dict[str, int], num_clients: int = 10) -> None:
+    """FedNPR's notebooks' client split (ich_datasplit_10cl.npy): np.save of {"train"/"test": {client: {"image":
+    ids, "label": labels}}} as object arrays. Each class's slices are dealt round-robin over the clients; a
+    client's first slice of a class is its test slice, the later ones train."""
+    folds: dict[str, list[dict[str, int]]] = {"train": [{} for _ in range(num_clients)],
+                                              "test": [{} for _ in range(num_clients)]}
+    for label in sorted(set(keep.values())):
+        for j, sid in enumerate(s for s in sorted(keep) if keep[s] == label):
+            folds["test" if j < num_clients else "train"][j % num_clients][sid] = label
+    np.save(path, {fold: {c: {"image": np.array(list(ids), dtype=object),
+                              "label": np.array(list(ids.values()), dtype=object)} for c, ids in enumerate(clients)}
+                   for fold, clients in folds.items()}, allow_pickle=True)
+
+
 # ---- one data home holding every dataset ---------------------------------------------------------------------
 def build_data_home(home: Path) -> dict[str, Path]:
     """Every dataset of the suite under ``home`` by its archive name, sized so that every table config can
@@ -266,7 +280,7 @@ def build_data_home(home: Path) -> dict[str, Path]:
     write_medmnist(out["ham10000"], 28, {"train": 84, "val": 14, "test": 21}, 7)
     write_medmnist(out["pbc"], 28, {"train": 96, "val": 16, "test": 24}, 8)
     build_isic(out["fed-isic2019"], folds=("train",) * 4 + ("test",))
-    build_rsna_csv(out["rsna-ich"], slices=120)
+    write_ich_split_file(out["rsna-ich"] / "ich_datasplit_10cl.npy", build_rsna_csv(out["rsna-ich"], slices=200))
     write_class_tree(out["brain-tumor"] / "Training", BT_DIRS, 12, sizes=((512, 512), (236, 213), (630, 630)))
     write_class_tree(out["brain-tumor"] / "Testing", BT_DIRS, 3, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Train", SC_DIRS, 10, sizes=((600, 450), (1024, 768)))

@@ -349,3 +349,37 @@ def test_protocol_override_client_models_on_the_global_test_set(tiny_cfg):
     assert "val/accuracy" not in per_client["history"][-1]["metrics"]  # own splits, no validation
     assert max_state_diff(mean_state, glob_state) == 0.0
     assert last["test/accuracy"] != glob["history"][-1]["metrics"]["test/accuracy"]
+
+
+def test_protocol_per_client_scores_a_global_model_method_per_client(tiny_cfg, captured):
+    """fed.protocol per_client on a global-model method (FedNPR's Table 3 protocol for FedAvg, FedProx,
+    ...): each client's model right after its local training, on that client's own test split, mean
+    over clients. Local's client models are its personal states, so its per-client score can be
+    recomputed from them; in round 0 FedAvg's client models are Local's (same start, same batches),
+    so their scores are equal; from round 1 FedAvg's clients start from the average and differ."""
+    import torch
+    from conftest import run_in_process
+
+    from bench.evaluation import predict_probs
+    from bench.federation import copy_into
+    from bench.metrics import classification_metrics
+
+    small = {"partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0, "fed.protocol": "per_client"}
+    local, _ = run_in_process(tiny_cfg(**small, **{"method.name": "local"}))
+    fed = captured["fed"]
+    want = []
+    for c, split in enumerate(fed.clients):
+        copy_into(fed.model_state, fed.client_states[c]["personal"])  # client c after its last local update
+        probs = predict_probs(fed.module, fed.data, split.test, fed.fabric)
+        want.append(classification_metrics(probs, fed.data.labels[split.test], 10)["balanced_accuracy"])
+        assert not set(split.test.tolist()) & set(split.train.tolist())  # its own held-out samples
+    last = local["history"][-1]["metrics"]
+    assert last["clients_evaluated"] == 4 and "val/accuracy" not in last
+    assert last["test/balanced_accuracy"] == pytest.approx(sum(want) / 4, abs=1e-9)
+
+    avg, _ = run_in_process(tiny_cfg(**small, **{"method.name": "fedavg"}))
+    assert avg["protocol"] == "per_client" and avg["run_name"].startswith("fedavg@per_client_")
+    r0, r1 = (h["metrics"] for h in avg["history"])
+    assert r0 == local["history"][0]["metrics"]  # round 0: the same client models
+    assert r1["test/balanced_accuracy"] != last["test/balanced_accuracy"]  # round 1: started from the average
+    assert torch.isfinite(torch.tensor(r1["test/auc"]))

@@ -3,6 +3,7 @@ rank invariance, the Fed-ISIC2019 and RSNA-ICH loaders, and the offline Efficien
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,15 +195,10 @@ def test_fedavg_npr_without_weight_skips_npr():
 
 
 def test_npr_composes_with_another_method_in_a_few_lines(tiny_cfg):
-    """FedBABU + NPR (FedNPR, Table 6) on the per-client contract: the NPR options come from
-    NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen and its evaluation
-    fine-tuning (a phase outside the objective) gets no NPR."""
-    from lightning_modules.fedbabu import FedBABU
-    from lightning_modules.fednpr import NPRMethod
-
-    class FedBABUNPR(NPRMethod, FedBABU):
-        def client_objective(self, ctx):
-            return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+    """FedBABU + NPR (FedNPR, Table 6; lightning_modules/fedbabu_npr.py) on the per-client contract:
+    the NPR options come from NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen
+    and its evaluation fine-tuning (a phase outside the objective) gets no NPR."""
+    from lightning_modules.fedbabu_npr import FedBABUNPR
 
     def build():
         torch.manual_seed(0)
@@ -286,6 +282,34 @@ def test_fed_isic2019_reads_flamby_layout_with_centres(tmp_path, with_target):
     dm.setup()
     part = partition(dm.train.labels.numpy(), "natural", 6, 0, groups=dm.train.groups.numpy())
     assert [set(dm.train.groups[idx].tolist()) for idx in part.client_indices] == [{c} for c in range(6)]
+
+
+def test_fed_isic2019_clients_train_on_their_centre_train_fold_and_test_on_its_test_fold(tmp_path, tiny_cfg,
+                                                                                          captured):
+    """fed.client_test site + data.val_fraction 0 (FedNPR's and FLamby's 80/20 per centre): client c trains on
+    the whole train fold of centre c and is scored on that centre's test fold, none of it carved from train."""
+    from bench.evaluation import predict_probs
+    from bench.federation import copy_into
+    from bench.metrics import classification_metrics
+
+    build_isic(tmp_path / "isic")
+    cfg = tiny_cfg(**{"data.name": "fed-isic2019", "data.root": str(tmp_path / "isic"), "data.image_size": 16,
+                      "data.val_fraction": 0.0, "partition.scheme": "natural", "partition.num_clients": 6,
+                      "method.name": "local", "fed.protocol": "per_client", "fed.client_test": "site",
+                      "fed.rounds": 2, "fed.sample_ratio": 1.0, "fed.batch_size": 8})
+    record, _ = run_in_process(cfg)
+    assert record["splits"] == {"train": 96, "val": 0, "test": 48}
+    fed = captured["fed"]
+    want = []
+    for c, split in enumerate(fed.clients):
+        assert split.test_data is fed.test and len(split.train) == 16 and len(split.test) == 8
+        for data, idx in ((fed.data, split.train), (fed.test, split.test)):  # the green channel codes the centre
+            assert (data.images[idx, 1, 8, 8].float() - colour(0, c)[1]).abs().max() <= 6
+        assert sorted(fed.test.labels[split.test].tolist()) == list(range(8))  # one test image per class
+        copy_into(fed.model_state, fed.client_states[c]["personal"])
+        probs = predict_probs(fed.module, fed.test, split.test, fed.fabric)
+        want.append(classification_metrics(probs, fed.test.labels[split.test], 8)["balanced_accuracy"])
+    assert record["history"][-1]["metrics"]["test/balanced_accuracy"] == pytest.approx(sum(want) / 6, abs=1e-9)
 
 
 def test_fed_isic2019_missing_files_say_what_to_do(tmp_path):
@@ -393,7 +417,7 @@ def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
     assert len({r.cfg.run_name() for r in runs}) == len(runs)
     for r in runs:
         c = r.cfg
-        assert METHODS.get(c.method.name).protocol == "per_client" and c.fed.sample_ratio == 1.0
+        assert (c.fed.protocol or METHODS.get(c.method.name).protocol) == "per_client" and c.fed.sample_ratio == 1.0
         assert (c.method.optimizer, c.method.lr, c.method.weight_decay, c.fed.batch_size) == ("adam", 1e-3, 5e-4, 64)
         assert c.fed.local_epochs == 1 and c.fed.client_test_fraction == 0.2 and c.data.augment == "npr"
         if dataset != "fashion-mnist":
@@ -402,6 +426,7 @@ def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
     if dataset == "isic":
         assert {(r.cfg.partition.scheme, r.cfg.partition.num_clients, r.cfg.data.name) for r in runs} == {
             ("natural", 6, "fed-isic2019")}
-    if dataset == "ich":
-        assert {(r.cfg.partition.scheme, r.cfg.partition.num_clients, r.cfg.data.name) for r in runs} == {
-            ("dirichlet_missing", 10, "rsna-ich")}
+    if dataset == "ich":  # FedNPR's published split: its 10 clients as sites
+        assert {(r.cfg.partition.scheme, r.cfg.partition.num_clients, r.cfg.data.name, r.cfg.fed.client_test)
+                for r in runs} == {("natural", 10, "rsna-ich", "site")}
+        assert {Path(r.cfg.data.client_split_file).name for r in runs} == {"ich_datasplit_10cl.npy"}

@@ -42,7 +42,18 @@ CASES = [
     (["--data.max_train_samples", "0"], "data.max_train_samples must be >= 1 (or null for no cap), got 0."),
     (["--data.max_train_samples", "-5"], "data.max_train_samples must be >= 1 (or null for no cap), got -5."),
     (["--data.max_test_samples", "0"], "data.max_test_samples must be >= 1 (or null for no cap), got 0."),
-    (["--data.val_fraction", "0"], "data.val_fraction must be in (0, 1), got 0.0."),
+    (["--data.val_fraction", "0"], ("data.val_fraction 0 leaves no validation split, which the 'global' protocol "
+                                    "of 'fedavg' uses")),
+    (["--data.val_fraction", "1"], ("data.val_fraction must be in [0, 1) (0: no validation split, per-client "
+                                    "protocol only), got 1.0.")),
+    (["--data.client_split_file", "split.npy"], ("data.client_split_file is a published client split, which 'digits' "
+                                                 "does not read (only rsna-ich); leave it unset.")),
+    (["--fed.client_test", "site", "--fed.protocol", "per_client"], ("fed.client_test site takes each client's "
+                                                                     "test split from its site, which needs the "
+                                                                     "natural partition")),
+    (["--fed.client_test", "site", "--partition.scheme", "natural"], ("fed.client_test site gives each client its "
+                                                                      "own test split, which only the per-client "
+                                                                      "protocol uses ('fedavg' is scored 'global')")),
     (["--fed.lr_decay", "-1"], "fed.lr_decay must be in (0, 1] (the lr is multiplied by it every round), got -1.0."),
     (["--fed.lr_gamma", "0"], "fed.lr_gamma must be in (0, 1], got 0.0."),
     (["--method.lr", "-0.1"], "method.lr must be a finite number > 0, got -0.1."),
@@ -78,6 +89,7 @@ CASES = [
      "The model became NaN/inf after local training in round 0, client 0 (backbone."),  # BatchNorm statistics
 ]
 IDS = ["image-size-0", "image-size-negative", "train-cap-0", "train-cap-negative", "test-cap-0", "val-fraction-0",
+       "val-fraction-1", "split-file-unsupported", "client-test-site-not-natural", "client-test-site-global",
        "lr-decay-negative", "lr-gamma-0", "lr-negative", "lr-nan", "momentum", "threads-negative", "devices-0",
        "timeout-0", "seed-negative", "precision-unknown", "precision-unsupported", "accelerator-gpu-missing",
        "accelerator-cuda-missing", "method-arg-str-for-float", "method-arg-float-for-int", "method-arg-literal",

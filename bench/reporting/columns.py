@@ -6,6 +6,10 @@ A table config lists its columns (``columns: [...]``); each is one of
     dirichlet-classwise[-<beta>] per-class Dirichlet with randomly missing classes (FedNPR's RSNA-ICH;
                                  scheme dirichlet_missing, missing_prob from the config); paper key
                                  ``dirichlet-classwise`` (the papers do not print the beta)
+    dirichlet-classwise-file     the class-wise Dirichlet split as published in a file (FedNPR's
+                                 ich_datasplit_10cl.npy as data.client_split_file): the file's clients as sites
+                                 (scheme natural) tested on their own test lists (fed.client_test site);
+                                 paper key ``dirichlet-classwise``
     lda-<alpha>                  FST-CBDG's "LDA": a per-class Dirichlet(alpha) (scheme dirichlet)
     shards-<s>                   s label shards per client (scheme shards)
     iid                          an even random split
@@ -30,14 +34,15 @@ from bench.core.errors import FedbenchError
 
 _NUMBER = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
 _PATTERNS = (
+    (re.compile(r"^dirichlet-classwise-file$"), "dirichlet-classwise-file"),
     (re.compile(rf"^dirichlet-{_NUMBER}$"), "dirichlet"),
     (re.compile(rf"^dirichlet-classwise(?:-{_NUMBER})?$"), "dirichlet-classwise"),
     (re.compile(rf"^lda-{_NUMBER}$"), "lda"),
     (re.compile(r"^shards-(\d+)$"), "shards"),
     (re.compile(r"^(iid|natural|none|average)$"), "plain"),
 )
-KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "lda-<alpha>", "shards-<s>", "iid", "natural",
-         "none", "average")
+KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "dirichlet-classwise-file", "lda-<alpha>",
+         "shards-<s>", "iid", "natural", "none", "average")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class Column:
     partition: dict[str, Any] = field(default_factory=dict)  # partition config overrides of its runs
     beta: float | None = None  # the Dirichlet concentration, when the column has one
     derived: bool = False  # computed from the other columns, never run
+    # its runs read a published client split (data.client_split_file, fed.client_test site)
+    client_split_file: bool = False
 
     @property
     def file_tag(self) -> str:
@@ -68,6 +75,9 @@ def parse_column(text: str) -> Column:
         if kind == "dirichlet":
             b = float(m.group(1))
             return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "beta": b}, beta=b)
+        if kind == "dirichlet-classwise-file":
+            return Column(text, "dirichlet-classwise", "published split", {"scheme": "natural"},
+                          client_split_file=True)
         if kind == "dirichlet-classwise":
             if m.group(1) is None:
                 return Column(text, "dirichlet-classwise", "class-wise Dir.", {"scheme": "dirichlet_missing"})

@@ -16,8 +16,8 @@ first, then ablations, unless the row names a table or a setting.
 
 A found cell is compared only when the row's protocol (bench/reporting/protocols.py) is the paper's;
 otherwise it says ``protocol differs: <what>`` and has no difference and no p-value. Papers report
-mean ± std over 3 runs (FedBM, FedCB, FedNPR; ``PAPER_RUNS``); single runs (FACMIC, FST-CBDG) have
-no std, hence no p-value.
+mean ± std over 3 runs (FedBM, FedCB) or five folds (FedNPR; ``PAPER_RUNS``); single runs (FACMIC,
+FST-CBDG) have no std, hence no p-value.
 """
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ from bench.reporting.columns import Column
 from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.protocols import RowProtocol, protocol_facets, row_protocol
 
-PAPER_RUNS = 3
+# runs behind a paper's mean ± std (the Welch test's n): 3 seeds (FedBM, FedCB), FedNPR's five-fold CV
+PAPER_RUNS = {"fedbm": 3, "fedcb": 3, "fednpr": 5}
+DEFAULT_PAPER_RUNS = 3
 PAPER_NAMES = {"fedbm": "FedBM", "fedcb": "FedCB", "fednpr": "FedNPR", "facmic": "FACMIC", "fstcbdg": "FST-CBDG"}
 # our data.name -> the papers' dataset key, where they differ
 PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc"}
@@ -213,7 +215,8 @@ def compare(cell: dict, match: Match | None) -> dict:
     delta = None if ours is None else ours - paper["mean"]
     p = None
     if ours is not None and paper.get("std") is not None:
-        p = welch_p(ours, cell["std"], len(cell["values"]), paper["mean"], paper["std"], PAPER_RUNS)
+        p = welch_p(ours, cell["std"], len(cell["values"]), paper["mean"], paper["std"],
+                    PAPER_RUNS.get(match.paper, DEFAULT_PAPER_RUNS))
     return {"paper_mean": paper["mean"], "paper_std": paper.get("std"), "paper_source": match.source,
             "delta": delta, "p_value": p, "protocol_differs": None, "protocol_differs_in": None,
             "protocol_inferred": bool((paper.get("protocol") or {}).get("inferred"))}

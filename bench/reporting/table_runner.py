@@ -103,6 +103,11 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
                     run["output_dir"] = output_dir
                 cfg = run_config(spec.get("base") or {}, {"partition": column.partition}, overrides, run,
                                  where=where)
+                if column.client_split_file and (cfg.data.client_split_file is None
+                                                 or cfg.fed.client_test != "site"):
+                    raise FedbenchError(f"{where}: column {column.id} is a published client split: set "
+                                        "data.client_split_file (FedNPR's ich_datasplit_10cl.npy) and "
+                                        "fed.client_test site.")
                 cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
                 runs.append(PlannedRun(row["label"], column.beta, seed, cfg, cols, row))
     for label in dict.fromkeys(r.label for r in runs):
