@@ -33,12 +33,14 @@ class DataConfig:
 class PartitionConfig:
     """How the training set is split into clients (datamodules/partition.py)."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "natural", "dirichlet_missing"] = "dirichlet"
+    scheme: Literal["iid", "dirichlet", "shards", "natural", "dirichlet_missing", "lda", "proportions"] = "dirichlet"
     num_clients: int = 10
-    beta: float = 0.5
+    beta: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_missing; lda's alpha)
     shards_per_client: int = 2
     min_size: int = 10
     missing_prob: float = 0.5
+    shard_mode: Literal["sorted", "per_class"] = "sorted"  # shards: McMahan's sorted cut, or FedNTD's per class
+    proportions: list[float] | None = None  # proportions: one share per client, applied to every class
 
 
 @dataclass
@@ -102,7 +104,11 @@ class RunConfig:
 
     def run_name(self) -> str:
         p = self.partition
-        part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "shards": f"shards{p.shards_per_client}"}
+        part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
+                "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}
+        if p.scheme == "proportions":
+            shares = json.dumps(p.proportions, default=str).encode()
+            part["proportions"] = f"prop{hashlib.sha1(shares).hexdigest()[:6]}"
         method = self.method.name
         if self.method.args:  # rows of one method with different options must not share a record
             digest = hashlib.sha1(json.dumps(self.method.args, sort_keys=True, default=str).encode()).hexdigest()

@@ -115,7 +115,7 @@ def validate(cfg: RunConfig) -> None:
                             f"{cfg.fed.protocol!r} does not apply (leave it unset).")
     if not 0.0 < cfg.fed.sample_ratio <= 1.0:
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {cfg.fed.sample_ratio}.")
-    if cfg.partition.scheme.startswith("dirichlet") and cfg.partition.beta <= 0:
+    if (cfg.partition.scheme.startswith("dirichlet") or cfg.partition.scheme == "lda") and cfg.partition.beta <= 0:
         raise PartitionError(f"partition.beta must be > 0, got {cfg.partition.beta}.")
     for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
         if getattr(cfg.fed, name) < 1:
@@ -150,7 +150,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
     p = cfg.partition
     part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta,
                      shards_per_client=p.shards_per_client, min_size=p.min_size,
-                     groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob)
+                     groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob,
+                     shard_mode=p.shard_mode, client_proportions=p.proportions)
     module = build_module(cfg, dm)
     fabric.to_device(module)
     device = fabric.device
