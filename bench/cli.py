@@ -12,22 +12,29 @@ from __future__ import annotations
 import os
 import sys
 import typing
+import warnings
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
-from bench.core.errors import FedbenchError
+from bench.core.errors import FedbenchError, FedbenchWarning
+
+HELP = {
+    "resume": "true: continue from the latest checkpoint, refused if it was written under another config, code "
+              "or data; force: continue anyway (the record lists the differences)",
+    "timeout": "minutes a rank waits for the others at a round's collective before giving up with an error",
+}
 
 
 def run_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="fedbench run", description="Run one federated experiment.",
-                            default_env=False, exit_on_error=True)
+                            default_env=False, exit_on_error=True, allow_abbrev=False)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
     for name, typ in OPTION_GROUPS.items():
         parser.add_argument(f"--{name}", type=typ, default=typ())
     defaults, hints = RunConfig(), typing.get_type_hints(RunConfig)
     for field in TOP_LEVEL_KEYS:
-        parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field))
+        parser.add_argument(f"--{field}", type=hints[field], default=getattr(defaults, field), help=HELP.get(field))
     return parser
 
 
@@ -41,9 +48,20 @@ def parse_run(argv: list[str]) -> RunConfig:
     return RunConfig(**kwargs)
 
 
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """fedbench's own warnings as one plain line; others as Python formats them."""
+    if issubclass(category, FedbenchWarning):
+        return f"fedbench: warning: {message}\n"
+    return PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
+PYTHON_FORMAT = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.formatwarning = format_warning
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -57,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             record = run_experiment(cfg, observer=wandb_observer(cfg))
             if record:
                 best = record.get("best", {})
-                shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items() if k.startswith("test/") and isinstance(v, float))
+                shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items()
+                          if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
                 print(f"{record['run_name']}: {shown}")
             return 0
         if command == "table":

@@ -90,13 +90,16 @@ class RunConfig:
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
     devices: int = field(default=1, metadata=EXECUTION)
-    accelerator: str = field(default="auto", metadata=EXECUTION)
-    precision: str = "32-true"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
+    precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)
     output_dir: str = field(default="results/runs", metadata=EXECUTION)
     checkpoint_dir: str = field(default="results/checkpoints", metadata=EXECUTION)
     checkpoint_every: int = field(default=0, metadata=EXECUTION)  # rounds; 0 = never
-    resume: bool = field(default=False, metadata=EXECUTION)
+    # true: continue from the latest checkpoint of the same config; "force": despite a different one
+    resume: bool | Literal["force"] = field(default=False, metadata=EXECUTION)
+    # minutes a rank waits for the others at a round's collective before giving up
+    timeout: float = field(default=10.0, metadata=EXECUTION)
     save_final_state: bool = field(default=False, metadata=EXECUTION)  # also write the final global state
     wandb: bool = field(default=False, metadata=EXECUTION)
     wandb_project: str = field(default="fedbench", metadata=EXECUTION)
@@ -152,4 +155,16 @@ def result_config(d: dict[str, Any]) -> dict[str, Any]:
         if key in OPTION_GROUPS and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in execution_keys(OPTION_GROUPS[key])}
         out[key] = value
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys whose values differ, as dotted paths with both values: ['method.lr: 0.01 -> 0.5']."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from bench.core.batches import DeviceData
+from bench.liveness import waiting_on
 from bench.metrics import classification_metrics
 
 
@@ -34,7 +35,8 @@ def evaluate_sharded(module, data: DeviceData, fabric, num_classes: int, batch_s
     probs = torch.zeros(n, num_classes, dtype=torch.float64, device=data.labels.device)
     probs[mine] = predict_probs(module, data, mine, fabric, batch_size, logits_fn).double()
     if fabric.world_size > 1:
-        fabric.all_reduce(probs, reduce_op="sum")
+        with waiting_on(fabric, "the evaluation all-reduce"):
+            fabric.all_reduce(probs, reduce_op="sum")
     return classification_metrics(probs, data.labels, num_classes)
 
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,10 @@ from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
+from bench.health import collapse_warnings
+from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
 from bench.records import git_commit, record_path, summarise
+from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
@@ -48,9 +51,15 @@ class RunObserver:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
-    strategy = "ddp" if cfg.devices > 1 else "auto"
-    return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, strategy=strategy, precision=cfg.precision,
-                  loggers=loggers)
+    from lightning.fabric.strategies import DDPStrategy
+
+    strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if cfg.devices > 1 else "auto"
+    try:
+        return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, strategy=strategy, precision=cfg.precision,
+                      loggers=loggers)
+    except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
+        raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
+                            f"precision={cfg.precision!r}: {err}") from err
 
 
 def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -61,11 +70,7 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
 
 
 def method_arg_names(cls: type) -> set[str]:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass is FederatedModule or (isinstance(klass, type) and issubclass(klass, FederatedModule)):
-            names |= {p for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
-    return names
+    return set(method_signature(cls))
 
 
 def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
@@ -73,12 +78,7 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
     m = cfg.method
     common = {"backbone": m.backbone, "pretrained": m.pretrained, "optimizer": m.optimizer, "lr": m.lr,
               "momentum": m.momentum, "weight_decay": m.weight_decay}
-    known = method_arg_names(cls)
-    unknown = sorted(set(m.args) - known)
-    if unknown:
-        own = sorted(known - set(common) - {"num_classes", "in_channels", "class_names", "dataset_name", "betas"})
-        raise FedbenchError(f"method.args for {m.name!r} has unknown option(s) {unknown}; "
-                            f"{m.name!r} accepts: {own or 'no extra options'}.")
+    check_method_args(cfg)
     torch.manual_seed(derive_seed(cfg.seed, -1, -1, INIT))  # the initial global model
     return cls(num_classes=dm.num_classes, in_channels=dm.in_channels, class_names=list(dm.class_names),
                dataset_name=cfg.data.name, **common, **m.args)
@@ -107,21 +107,6 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
     return out
 
 
-def validate(cfg: RunConfig) -> None:
-    method = METHODS.get(cfg.method.name)
-    DATASETS.get(cfg.data.name)
-    if method.runs_centrally and cfg.fed.protocol not in (None, "global"):
-        raise FedbenchError(f"{cfg.method.name!r} trains one model on the pooled data: fed.protocol "
-                            f"{cfg.fed.protocol!r} does not apply (leave it unset).")
-    if not 0.0 < cfg.fed.sample_ratio <= 1.0:
-        raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {cfg.fed.sample_ratio}.")
-    if (cfg.partition.scheme.startswith("dirichlet") or cfg.partition.scheme == "lda") and cfg.partition.beta <= 0:
-        raise PartitionError(f"partition.beta must be > 0, got {cfg.partition.beta}.")
-    for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
-        if getattr(cfg.fed, name) < 1:
-            raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(cfg.fed, name)}.")
-
-
 def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
@@ -136,7 +121,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
     the caller passes bench.reporting.wandb_logger.wandb_observer(cfg))."""
-    validate(cfg)
+    validate_config(cfg)
+    check_outputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = Path(cfg.output_dir) / cfg.experiment
@@ -144,7 +130,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
     started = time.time()
-    with fabric.rank_zero_first():
+    with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
         dm = build_datamodule(cfg)
         dm.setup()
     p = cfg.partition
@@ -161,6 +147,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     observer = observer or RunObserver()
     observer.start(cfg, fabric.global_rank)
+    fed = None
     try:
         protocol = eval_protocol(cfg, module)
         if module.runs_centrally:  # a federation of one client holding all the training data
@@ -169,8 +156,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
             fed_cfg = cfg
             clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device)
         fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
+        fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
         fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
-        history = fed.run()
+        # A rank that owns no client (Central on several ranks: its one client lives on rank 0) only waits
+        # while the others train, so it must not give up after --timeout.
+        with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):
+            history = fed.run()
     except BaseException:
         observer.finish(exit_code=1)
         raise
@@ -187,8 +178,18 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         "partition": {**part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": len(dm.val), "test": len(dm.test)},
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
-        "history": history, **summary, "wall_seconds": time.time() - started,
+        "history": history, **summary,
+        "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
     }
+    resumed = fed.checkpointer.resumed if fed is not None else None
+    if resumed:
+        record["resumed"] = resumed
+        if resumed.get("forced_differences"):
+            record["resumed_with_force"] = resumed["forced_differences"]
+    record["warnings"] = collapse_warnings(record)
+    if fabric.global_rank == 0:
+        for warning in record["warnings"]:
+            print(f"fedbench: warning: {cfg.run_name()}: {warning}", file=sys.stderr, flush=True)
     observer.summary(record)
     observer.finish()
     if fabric.global_rank == 0:
@@ -200,5 +201,6 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
             plot_partition(counts, str(heatmap), list(dm.class_names),
                            title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
         write_json(path, record)
-    fabric.barrier()
+    with waiting_on(fabric, "rank 0 to write the record"):
+        fabric.barrier()
     return record

@@ -9,12 +9,14 @@ import torch
 from tqdm.auto import tqdm
 
 from bench.aggregation import RoundBuffer, copy_into
-from bench.checkpoint import Checkpointer
+from bench.checkpoint import Checkpointer, CheckpointError
 from bench.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
 from bench.evaluation import evaluate_local, evaluate_sharded
+from bench.health import check_finite_state
+from bench.liveness import set_round, waiting_on
 from bench.metrics import METRIC_NAMES
 from lightning_modules.base import ClientContext, FederatedModule
 
@@ -60,7 +62,10 @@ class ServerComm:
         self.is_server = fabric.global_rank == 0
 
     def broadcast(self, obj):
-        return obj if self.fabric.world_size == 1 else self.fabric.broadcast(obj, src=0)
+        if self.fabric.world_size == 1:
+            return obj
+        with waiting_on(self.fabric, "the server step's broadcast from rank 0"):
+            return self.fabric.broadcast(obj, src=0)
 
 
 class Federation:
@@ -168,6 +173,8 @@ class Federation:
             try:
                 t = time.perf_counter()
                 weight, extras, n, ctx = self.train_client(c, r)
+                check_finite_state(self.model_state, f"after local training in round {r}, client {c}",
+                                   f"Lower method.lr (now {cfg.method.lr:g}, {cfg.method.optimizer}).")
                 train_time += time.perf_counter() - t
                 seen += n
                 scores = self.client_eval(ctx)
@@ -182,7 +189,8 @@ class Federation:
                 extras = {**extras, CLIENT_METRICS: row}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
         if self.world > 1:
-            self.fabric.all_reduce(buf.buf, reduce_op="sum")
+            with waiting_on(self.fabric, "the round's aggregation all-reduce"):
+                self.fabric.all_reduce(buf.buf, reduce_op="sum")
         if buf.failures:
             raise error if error is not None else FedbenchError(
                 f"Round {r}: a client on another rank failed (see that rank's error above).")
@@ -226,6 +234,7 @@ class Federation:
         bar = tqdm(range(self.start_round, cfg.fed.rounds), desc=f"{cfg.method.name} rounds",
                    disable=not (cfg.progress and self.rank == 0), initial=self.start_round, total=cfg.fed.rounds)
         for r in bar:
+            set_round(r)
             log = self.run_round(r)
             entry = vars(log)
             self.history.append(entry)
@@ -258,7 +267,10 @@ class Federation:
         self.module.load_server_state(snap["server_state"])
         self.history = list(snap["history"])
         self.client_metrics = {int(k): v for k, v in snap["client_metrics"].items()}
+        missing = sorted(set(range(len(self.clients))) - set(clients))
+        if missing:
+            raise CheckpointError(f"The checkpoint holds no state for client(s) {missing[:10]} of "
+                                  f"{len(self.clients)}: it does not belong to this partition; start over.")
         for c in self.owned:
-            if c in clients:
-                self.client_states[c] = clients[c]
+            self.client_states[c] = clients[c]
         self.start_round = last_round + 1

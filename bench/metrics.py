@@ -13,7 +13,7 @@ def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int
 
 
 def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
-    """Metrics in percent, as sklearn defines them.
+    """Metrics in percent, as sklearn defines them, plus ``predicted_classes`` (a count).
 
     Macro precision/F1 average over the classes present in the labels or the predictions;
     balanced accuracy averages recall over the classes present in the labels; AUC is the
@@ -39,4 +39,5 @@ def classification_metrics(probs: torch.Tensor, labels: torch.Tensor, num_classe
         out["auc"] = float(per_class[in_labels].mean())
     else:
         out["auc"] = float("nan")
-    return {k: 100.0 * v for k, v in out.items()}
+    # not a percentage: how many classes the model predicts at all (1 = collapsed to a constant)
+    return {**{k: 100.0 * v for k, v in out.items()}, "predicted_classes": float(int((predicted > 0).sum()))}

@@ -7,9 +7,10 @@ from typing import ClassVar
 import lightning as L
 import torch
 
-from bench.core.errors import DatasetNotFoundError
+from bench.core.errors import DatasetNotFoundError, FedbenchError
 from bench.core.paths import DEFAULT_CACHE_DIR
 from bench.core.registry import Registry
+from datamodules.fingerprint import tree_fingerprint
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit, cached_decode
 
@@ -51,6 +52,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.max_test_samples = max_test_samples
         self.val_fraction = val_fraction
         self.split_seed = split_seed
+        self.fingerprint = "-"  # of the source files, set by setup
         self.train: TensorSplit
         self.val: TensorSplit
         self.test: TensorSplit
@@ -82,6 +84,16 @@ class FederatedDataModule(L.LightningDataModule):
             )
         return root
 
+    def source_paths(self) -> list[Path]:
+        """The files or folders the decoded data comes from (fingerprinted to notice changed files);
+        datasets that read a few archive files under a shared root name just those."""
+        return [Path(self.root).expanduser()] if self.root else []
+
+    def source_fingerprint(self) -> str:
+        """Names, sizes and mtimes of every source file (datamodules/fingerprint.py)."""
+        skip = (self.cache_dir,)
+        return "+".join(tree_fingerprint(p, skip) for p in self.source_paths()) or "-"
+
     def cache_key(self) -> str:
         root = str(Path(self.root).expanduser().resolve()) if self.root else "-"
         return f"{self.name}|{root}|{self.image_size}|v{self.decode_version}"
@@ -89,7 +101,8 @@ class FederatedDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if getattr(self, "_is_setup", False):
             return
-        splits = cached_decode(self.cache_dir, self.cache_key(), self.decode)
+        self.fingerprint = self.source_fingerprint()
+        splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint)
         train = splits["train"]
         if "val" in splits:
             val = splits["val"]
@@ -110,6 +123,13 @@ class FederatedDataModule(L.LightningDataModule):
                 raise DatasetNotFoundError(f"Dataset {self.name!r}: the {split_name} split is empty under {self.root!r}.")
             if int(split.labels.max()) >= self.num_classes or int(split.labels.min()) < 0:
                 raise ValueError(f"{self.name}: labels outside 0..{self.num_classes - 1} in the {split_name} split")
+        present = sorted(set(train.labels.tolist()))
+        if self.num_classes < 2 or len(present) < 2:
+            names = [self.class_names[i] for i in present]
+            raise FedbenchError(
+                f"Dataset {self.name!r} under {self.root!r} gives {len(present)} class(es) to train on ({names}; "
+                f"{self.num_classes} declared): classification needs at least two. Add a folder per class, "
+                "or raise data.max_train_samples.")
         self.train, self.val, self.test = train, val, test
         self._is_setup = True
 

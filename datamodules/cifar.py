@@ -70,6 +70,11 @@ class CIFARDataset(FederatedDataModule):
     in_channels = 3
     default_image_size = 32
 
+    def source_paths(self) -> list[Path]:
+        """The batches folder (the root is often torchvision's shared download folder)."""
+        root = Path(self.root).expanduser() if self.root else None
+        return [root / self.folder] if root and (root / self.folder).is_dir() else super().source_paths()
+
     def decode(self) -> dict[str, TensorSplit]:
         root = self.require_root()
         base = root / self.folder if (root / self.folder).is_dir() else root  # root may be the folder itself

@@ -60,6 +60,12 @@ class FashionMNIST(FederatedDataModule):
         "t10k-labels-idx1-ubyte.gz) from github.com/zalandoresearch/fashion-mnist into one folder."
     )
 
+    def source_paths(self) -> list[Path]:
+        """The four IDX files (the root may be a shared folder); the root itself while they are missing."""
+        root = Path(self.root).expanduser() if self.root else None
+        found = [find_idx(root, s) for stems in _FILES.values() for s in stems] if root else [None]
+        return super().source_paths() if None in found else found
+
     def decode(self) -> dict[str, TensorSplit]:
         root = self.require_root()
         paths = {}

@@ -77,6 +77,12 @@ class MedMNISTDataset(FederatedDataModule):
         path = choose_medmnist_file(root, self.flag, self.image_size) if root else None
         return f"{super().cache_key()}|{path.name if path else '-'}"
 
+    def source_paths(self) -> list[Path]:
+        """The one .npz file read (the root holds the other MedMNIST downloads too)."""
+        root = Path(self.root).expanduser() if self.root else None
+        path = choose_medmnist_file(root, self.flag, self.image_size) if root else None
+        return [path] if path else super().source_paths()
+
     def decode(self) -> dict[str, TensorSplit]:
         root = self.require_root()
         path = choose_medmnist_file(root, self.flag, self.image_size)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.atomic_io import atomic_torch_save
+from bench.core.errors import FedbenchWarning
 
 
 @dataclass
@@ -51,15 +53,48 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _read_cache(path: Path) -> dict | None:
+    """A decode cache file's contents, or None (with a warning naming it, and the file deleted) when it
+    cannot be read: a truncated or foreign file is rebuilt instead of failing every later run."""
+    try:
+        raw = torch.load(path, weights_only=True)
+        if not isinstance(raw, dict):
+            raise TypeError(f"holds a {type(raw).__name__}, not a dict")
+        return raw
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - truncated/corrupt/foreign file: rebuild it
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        warnings.warn(f"decode cache {path} is unreadable ({first[:160]}); deleting it and decoding the dataset "
+                      "again.", FedbenchWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def cached_decode(
-    cache_dir: str | os.PathLike, key: str, decode: Callable[[], dict[str, TensorSplit]]
+    cache_dir: str | os.PathLike, key: str, decode: Callable[[], dict[str, TensorSplit]], fingerprint: str = "-"
 ) -> dict[str, TensorSplit]:
-    """Return the decoded splits for ``key``, decoding with ``decode()`` only the first time."""
+    """Return the decoded splits for ``key``, decoding with ``decode()`` only when the cache file is
+    missing, unreadable, or was built from other files (``fingerprint``, see datamodules/fingerprint.py)."""
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.pt"
-    if path.exists():
-        raw = torch.load(path, weights_only=True)
-        return {name: TensorSplit(**fields) for name, fields in raw.items()}
+    raw = _read_cache(path) if path.exists() else None
+    if raw is not None:
+        if raw.get("key") == key and raw.get("fingerprint") == fingerprint and isinstance(raw.get("splits"), dict):
+            try:
+                return {name: TensorSplit(**fields) for name, fields in raw["splits"].items()}
+            except (TypeError, ValueError) as err:
+                warnings.warn(f"decode cache {path} holds malformed splits ({err}); decoding again.", FedbenchWarning,
+                              stacklevel=2)
+        else:
+            why = ("was written by an older fedbench (no file fingerprint)" if "fingerprint" not in raw else
+                   "was built from other files than those now under the data root (files added, removed or changed)")
+            warnings.warn(f"decode cache {path} {why}; decoding again.", FedbenchWarning, stacklevel=2)
     splits = decode()
-    atomic_torch_save({name: vars(s) for name, s in splits.items()}, path)
+    contents = {"key": key, "fingerprint": fingerprint, "splits": {name: vars(s) for name, s in splits.items()}}
+    try:
+        atomic_torch_save(contents, path)
+    except OSError as err:
+        warnings.warn(f"cannot write the decode cache {path} ({err.strerror or err}); the dataset will be decoded "
+                      "again next time. Set --data.cache_dir to a writable folder.", FedbenchWarning, stacklevel=2)
     return splits

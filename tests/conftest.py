@@ -106,6 +106,15 @@ def cli_args(cfg) -> list[str]:
     return args
 
 
+def digits_run_argv(tmp_path: Path) -> list[str]:
+    """`fedbench run` argv for a 2-round digits run on 4 clients, everything written under tmp_path
+    (the bad-input tests add the option under test)."""
+    return ["run", "--data.name", "digits", "--data.cache_dir", str(tmp_path / "cache"),
+            "--method.backbone", "simple-cnn", "--fed.rounds", "2", "--partition.num_clients", "4",
+            "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+            "--threads", "1", "--progress", "false"]
+
+
 def run_subprocess(cfg, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `fedbench run` in a fresh process (needed for --devices 2: Fabric relaunches the script)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

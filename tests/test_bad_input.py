@@ -4,15 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import digits_run_argv
 
 from bench.cli import main
-
-
-def base_args(tmp_path: Path) -> list[str]:
-    return ["run", "--data.name", "digits", "--data.cache_dir", str(tmp_path / "cache"),
-            "--method.backbone", "simple-cnn", "--fed.rounds", "2", "--partition.num_clients", "4",
-            "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
-            "--threads", "1", "--progress", "false"]
 
 
 def written_files(tmp_path: Path) -> list[str]:
@@ -43,7 +37,7 @@ def written_files(tmp_path: Path) -> list[str]:
 )
 def test_bad_run_input_is_one_clear_error_and_writes_nothing(tmp_path, capsys, extra, message):
     try:
-        code = main(base_args(tmp_path) + extra)
+        code = main(digits_run_argv(tmp_path) + extra)
     except SystemExit as exc:  # jsonargparse rejects values of the wrong type/choice before running
         code = exc.code
     err = capsys.readouterr().err
@@ -57,7 +51,7 @@ def test_config_file_typo_names_the_key(tmp_path, capsys):
     cfg = tmp_path / "typo.yaml"
     cfg.write_text("fed:\n  roundz: 3\n")
     with pytest.raises(SystemExit) as exc:
-        main(base_args(tmp_path) + ["--config", str(cfg)])
+        main(digits_run_argv(tmp_path) + ["--config", str(cfg)])
     assert exc.value.code == 2
     assert "roundz" in capsys.readouterr().err
     assert written_files(tmp_path) == ["typo.yaml"]

@@ -75,7 +75,7 @@ def test_missing_spec_and_not_a_mapping(tmp_path):
 def test_keys_come_from_the_dataclasses():
     assert set(OPTION_GROUPS) == {"data", "partition", "fed", "method"}
     assert execution_keys(RunConfig) == {"devices", "accelerator", "threads", "output_dir", "checkpoint_dir",
-                                         "checkpoint_every", "resume", "save_final_state", "wandb",
+                                         "checkpoint_every", "resume", "timeout", "save_final_state", "wandb",
                                          "wandb_project", "progress"}
     assert ENTRY_KEYS == {"name", "data", "partition", "fed", "method", "seed", "precision"}
     d = RunConfig().to_dict()

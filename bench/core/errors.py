@@ -15,3 +15,7 @@ class CorruptDataError(FedbenchError):
 
 class PartitionError(FedbenchError, ValueError):
     """The requested partition cannot be built (beta <= 0, more clients than samples, empty client)."""
+
+
+class FedbenchWarning(UserWarning):
+    """Something was wrong but repaired (a corrupt cache rebuilt); the message says what."""

@@ -62,7 +62,10 @@ def load_table_config(path: str) -> dict[str, Any]:
     return spec
 
 
-def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[PlannedRun]:
+def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records: bool = True) -> list[PlannedRun]:
+    """The runs of a table config. ``check_records=False`` leaves check_shared_records to the caller
+    (``fedbench table`` checks every run's options first: a typo'd option is named as such, not as
+    two rows sharing a record)."""
     experiment = f"{spec['table']}_{spec['dataset']}"
     columns = table_columns(spec)
     by_id = {c.id: c for c in columns}
@@ -103,14 +106,20 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None) -> list[Plann
                     else f"column(s) {[c.id for c in missing]}")
             raise FedbenchError(f"Table {experiment}: row {label!r} has no run for {what}; rows restricted with "
                                 "'columns' or 'betas' need a row with the same label for the other columns.")
+    if check_records:
+        check_shared_records(runs)
+    return runs
+
+
+def check_shared_records(runs: list[PlannedRun]) -> None:
+    """Rows whose runs would write one record must be the same run (same result-config)."""
     by_path: dict[Path, PlannedRun] = {}
     for r in runs:
         other = by_path.setdefault(record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name()), r)
         if result_config(other.cfg.to_dict()) != result_config(r.cfg.to_dict()):
-            raise FedbenchError(f"Table {experiment}: rows {other.label!r} and {r.label!r} would write the same run "
-                                f"record ({r.cfg.run_name()}) with different options; give one of them different "
+            raise FedbenchError(f"Table {r.cfg.experiment}: rows {other.label!r} and {r.label!r} would write the same "
+                                f"run record ({r.cfg.run_name()}) with different options; give one of them different "
                                 "method options or put it in another table.")
-    return runs
 
 
 def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
@@ -143,7 +152,7 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench table", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fedbench table", description=__doc__, allow_abbrev=False)
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
@@ -159,7 +168,9 @@ def main(argv: list[str]) -> int:
 
     spec = load_table_config(args.config)
     args.wandb = args.wandb or bool(spec.get("wandb"))
-    runs = plan_runs(spec, args.output_dir)
+    runs = plan_runs(spec, args.output_dir, check_records=args.render_only)
+    if not args.render_only:
+        check_plan(runs, spec, args)
     if not args.render_only and execute(runs, spec, args) != 0:
         return 0  # other ranks: rank 0 renders
     paths = render_table(spec, runs, args.tables_dir)
@@ -174,9 +185,44 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_label(r: PlannedRun) -> str:
+    """Which run of a row an error is about: "(beta 0.5, seed 0)", or the column when it has no beta."""
+    column = f"beta {r.beta:g}" if r.beta is not None else f"column {r.columns[0]}"
+    return f"({column}, seed {r.seed})"
+
+
+def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
+    """Every planned run's options (bench/validation.py), rows sharing a record, and the output
+    folders, before any run starts."""
+    from bench.validation import check_writable, validate_config
+
+    devices = args.devices or spec.get("devices", 1)
+    for r in runs:
+        r.cfg.devices = devices
+        try:
+            validate_config(r.cfg)
+        except FedbenchError as err:
+            raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} {run_label(r)}: {err}") from err
+    check_shared_records(runs)
+    for folder, option in {(r.cfg.output_dir, "--output-dir") for r in runs} | {(args.tables_dir, "--tables-dir")}:
+        check_writable(folder, option)
+
+
+def check_data(todo: list[PlannedRun]) -> None:
+    """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
+    from bench.experiment import build_datamodule
+
+    seen = set()
+    for r in todo:
+        key = json.dumps(r.cfg.to_dict()["data"], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            build_datamodule(r.cfg).setup()
+
+
 def execute(runs: list[PlannedRun], spec: dict, args) -> int:
     """Run the runs without a matching record; returns this process's global rank."""
-    from bench.experiment import build_datamodule, make_fabric, run_experiment
+    from bench.experiment import make_fabric, run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()
@@ -192,10 +238,8 @@ def execute(runs: list[PlannedRun], spec: dict, args) -> int:
           f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
-    build_datamodule(todo[0].cfg).setup()  # fail at once (missing data) before any run starts
-    devices = args.devices or spec.get("devices", 1)
-    for r in todo:
-        r.cfg.devices = devices
+    check_data(todo)  # fail at once (missing or bad data) before any run starts
+    for r in todo:  # devices were set by check_plan
         r.cfg.progress = False
         r.cfg.wandb = r.cfg.wandb or args.wandb
     fabric = make_fabric(todo[0].cfg)

@@ -56,6 +56,8 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                 if value is not None:
                     cell["values"].append(value)
                     cell["seeds"].append(run.seed)
+                    cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}"
+                                                                  for w in rec.get("warnings", [])]
     ran = [c.id for c in columns if not c.derived]
     for derived in (c for c in columns if c.derived):
         for label in dict.fromkeys(r.label for r in runs):
@@ -68,6 +70,10 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                     if len(per_col) == len(ran):
                         cell["values"].append(statistics.fmean(per_col))
                         cell["seeds"].append(seed)
+                        warned = [w for p in parts if p for w in p.get("warnings", [])
+                                  if w.startswith(f"seed {seed}: ")]
+                        if warned:  # an average over a suspect run is suspect too
+                            cell["warnings"] = cell.get("warnings", []) + list(dict.fromkeys(warned))
                 cells[(label, derived.id, metric)] = cell
     for cell in cells.values():
         cell["mean"], cell["std"] = mean_std(cell["values"])
@@ -80,6 +86,8 @@ def fmt(cell: dict) -> str:
     text = f"{cell['mean']:.2f} ± {cell['std']:.2f}"
     if len(cell["values"]) < cell["expected"]:
         text += f" ({len(cell['values'])}/{cell['expected']} seeds)"
+    if cell.get("warnings"):
+        text += " ⚠"
     return text
 
 
@@ -214,6 +222,12 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
     md += [legend, ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
+    by_id = {c.id: c for c in columns}
+    warned = {f"{label} {by_id[col_id].label}: {w}" for (label, col_id, _), cell in cells.items()
+              if not by_id[col_id].derived for w in cell.get("warnings", [])}
+    if warned:
+        md += ["", "⚠ Runs whose record carries a warning (their numbers are shown but suspect):"]
+        md += [f"- {w}" for w in sorted(warned)]
     if footnotes:
         md += ["", "Protocol differences (ours vs the paper's cell): "
                + " ".join(f"[{n}] {text}." for text, n in footnotes.items())]
@@ -241,7 +255,6 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], buf.getvalue())
-    by_id = {c.id: c for c in columns}
     write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "papers": papers,
                                "setup": setup_line(some) if some else "", "figures": figures,
                                "columns": [c.id for c in columns],

@@ -1,0 +1,40 @@
+"""Is a run healthy? Finite client models after local training, and a global model that predicts
+more than one class: what a finite loss alone does not show (Adam at a huge lr keeps a finite loss
+while its BatchNorm statistics overflow, or collapses to one class)."""
+from __future__ import annotations
+
+import torch
+
+from bench.core.errors import FedbenchError
+
+
+class NonFiniteStateError(FedbenchError):
+    pass
+
+
+def check_finite_state(state: dict[str, torch.Tensor], where: str, hint: str) -> None:
+    """Raise if a floating tensor of ``state`` holds NaN/inf: one device sync for the whole state."""
+    floats = [(k, t) for k, t in state.items() if t.is_floating_point()]
+    if not floats:
+        return
+    flags = torch.stack([torch.isfinite(t).all() for _, t in floats])
+    if bool(flags.all()):
+        return
+    bad = [k for (k, _), ok in zip(floats, flags.tolist()) if not ok]
+    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    raise NonFiniteStateError(f"The model became NaN/inf {where} ({shown}) although the loss stayed finite. {hint}")
+
+
+def collapse_warnings(record: dict) -> list[str]:
+    """Warnings for a global-protocol record whose model predicts one class on the test set at the
+    reported (best-validation) round or at the final round."""
+    if record.get("protocol") != "global":
+        return []
+    out = []
+    for which in ("best", "final"):
+        if (record.get(which) or {}).get("test/predicted_classes") == 1 and record.get("num_classes", 0) > 1:
+            rnd = record.get("best_round") if which == "best" else record["history"][-1]["round"]
+            out.append(f"the global model predicts a single class for every test image at the {which} round "
+                       f"({rnd}): training collapsed (lr too high or diverged); its metrics are chance level.")
+            break
+    return out

@@ -1,0 +1,75 @@
+"""Collective timeouts: a rank that waits too long for the others gives up with one clear error.
+
+Fabric launches the process group with a generous timeout (``SETUP_MINUTES``: ranks start, import
+and decode data at different speeds); the rounds run under ``--timeout`` minutes. A collective
+that fails (timed out, or a peer ended) raises :class:`CollectiveError` naming this rank, the round
+and the collective it was waiting on.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from bench.core.errors import FedbenchError
+
+SETUP_MINUTES = 60.0  # process-group start-up and rank 0's first decode of a dataset
+WAIT_FOREVER_MINUTES = 7 * 24 * 60.0  # other ranks wait while rank 0 trains a central run alone
+
+
+class CollectiveError(FedbenchError):
+    """A rank gave up waiting for the others (stalled or dead peer)."""
+
+
+_state = {"minutes": SETUP_MINUTES, "round": None}
+
+
+def launch_timeout(minutes: float) -> timedelta:
+    """The process group's timeout at launch: never shorter than SETUP_MINUTES."""
+    return timedelta(minutes=max(minutes, SETUP_MINUTES))
+
+
+def set_collective_timeout(fabric, minutes: float) -> None:
+    """Every later collective of this process group gives up after ``minutes``."""
+    _state["minutes"] = minutes
+    setter = getattr(dist, "set_timeout", None)  # torch >= 2.7; before it, the launch timeout stays
+    if setter is not None and fabric.world_size > 1 and dist.is_available() and dist.is_initialized():
+        setter(timedelta(minutes=minutes))
+
+
+@contextmanager
+def collective_timeout(fabric, minutes: float) -> Iterator[None]:
+    """Run the body under a ``minutes`` timeout, then restore the start-up one."""
+    set_collective_timeout(fabric, minutes)
+    try:
+        yield
+    finally:
+        set_collective_timeout(fabric, SETUP_MINUTES)
+        _state["round"] = None
+
+
+def set_round(round_idx: int | None) -> None:
+    """The round named in errors (set by the orchestrator as each round starts)."""
+    _state["round"] = round_idx
+
+
+@contextmanager
+def waiting_on(fabric, what: str) -> Iterator[None]:
+    """Around one collective call: a failure becomes a CollectiveError naming rank, round and ``what``."""
+    if fabric is None or fabric.world_size == 1:
+        yield
+        return
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        where = f" in round {_state['round']}" if _state["round"] is not None else ""
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            why = (f"no answer within {_state['minutes']:g} min (--timeout): another rank stalled or died. "
+                   "Check the other ranks' output; raise --timeout if a round legitimately takes longer.")
+        else:
+            why = "another rank ended or lost contact; its own error is printed above."
+        raise CollectiveError(f"Rank {fabric.global_rank} of {fabric.world_size} gave up waiting for {what}{where}: "
+                              f"{why} ({text[:200]})") from err
