@@ -26,6 +26,10 @@ class DataConfig:
     max_test_samples: int | None = None  # caps val and test alike
     val_fraction: float = 0.1  # carved from train when the dataset has no val split
     augment: Literal["none", "flip", "npr"] = "none"
+    # evaluate on another dataset: every image of ``test_dataset`` (its train, val and test splits) at
+    # ``test_root`` is the test set, e.g. FACMIC Table 5 (trained on BT, tested on BT2); classes must match
+    test_dataset: str | None = None
+    test_root: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 
@@ -118,7 +122,8 @@ class RunConfig:
             method += f"-{digest[:8]}"
         if self.fed.protocol:  # the same training scored another way is another record
             method += f"@{self.fed.protocol}"
-        return f"{method}_{self.data.name}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
+        data = self.data.name + (f"-on-{self.data.test_dataset}" if self.data.test_dataset else "")
+        return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

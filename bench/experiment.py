@@ -69,6 +69,25 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
                                val_fraction=d.val_fraction)
 
 
+def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
+    """The run's datamodule, decoded; with ``data.test_dataset`` its test split is every image of that
+    dataset (read from ``data.test_root`` at the run's image size), which must have the same classes."""
+    dm = build_datamodule(cfg)
+    dm.setup()
+    d = cfg.data
+    if d.test_dataset:
+        other = DATASETS.get(d.test_dataset)(root=d.test_root, image_size=dm.image_size, cache_dir=d.cache_dir)
+        other.setup()
+        if list(other.class_names) != list(dm.class_names) or other.in_channels != dm.in_channels:
+            raise FedbenchError(f"data.test_dataset {d.test_dataset!r} has classes {list(other.class_names)} "
+                                f"({other.in_channels} channels); the run trains on {list(dm.class_names)} "
+                                f"({dm.in_channels}): a model can only be tested on the classes it was trained on.")
+        splits = [other.train, other.val, other.test]
+        dm.test = TensorSplit(torch.cat([s.images for s in splits]), torch.cat([s.labels for s in splits]))
+        dm.fingerprint = f"{dm.fingerprint}+{other.fingerprint}"
+    return dm
+
+
 def method_arg_names(cls: type) -> set[str]:
     return set(method_signature(cls))
 
@@ -131,8 +150,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         fabric.launch()
     started = time.time()
     with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
-        dm = build_datamodule(cfg)
-        dm.setup()
+        dm = setup_datamodule(cfg)
     p = cfg.partition
     part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta,
                      shards_per_client=p.shards_per_client, min_size=p.min_size,

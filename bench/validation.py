@@ -248,6 +248,11 @@ def validate_config(cfg: RunConfig) -> None:
     check_field_types(cfg)
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
+    if cfg.data.test_dataset is not None:
+        DATASETS.get(cfg.data.test_dataset)
+    elif cfg.data.test_root is not None:
+        raise FedbenchError("data.test_root is set but data.test_dataset is not: name the dataset to test on "
+                            "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
     check_ranges(cfg)
     check_accelerator(cfg)

@@ -210,14 +210,14 @@ def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
 
 def check_data(todo: list[PlannedRun]) -> None:
     """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
-    from bench.experiment import build_datamodule
+    from bench.experiment import setup_datamodule
 
     seen = set()
     for r in todo:
         key = json.dumps(r.cfg.to_dict()["data"], sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
-            build_datamodule(r.cfg).setup()
+            setup_datamodule(r.cfg)
 
 
 def execute(runs: list[PlannedRun], spec: dict, args) -> int:
