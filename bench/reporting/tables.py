@@ -75,9 +75,30 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                         if warned:  # an average over a suspect run is suspect too
                             cell["warnings"] = cell.get("warnings", []) + list(dict.fromkeys(warned))
                 cells[(label, derived.id, metric)] = cell
+    average_rows(runs, cells, columns, metrics)
     for cell in cells.values():
         cell["mean"], cell["std"] = mean_std(cell["values"])
     return cells
+
+
+def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[str]) -> None:
+    """Rows with ``average_of`` (bench/reporting/table_runner.py): per seed and column, the mean of
+    the listed rows' values where all of them have one."""
+    derived = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
+    for label, sources in derived.items():
+        for col in columns:
+            for metric in metrics:
+                parts = [cells.get((src, col.id, metric)) for src in sources]
+                cell = cells.get((label, col.id, metric))
+                if cell is None or any(p is None for p in parts):
+                    continue
+                seeds = [s for s in parts[0]["seeds"] if all(s in p["seeds"] for p in parts)]
+                cell["values"] = [statistics.fmean(p["values"][p["seeds"].index(s)] for p in parts) for s in seeds]
+                cell["seeds"] = seeds
+                cell["expected"] = max(p["expected"] for p in parts)
+                warned = [w for p in parts for w in p.get("warnings", [])]
+                if warned:
+                    cell["warnings"] = list(dict.fromkeys(warned))
 
 
 def fmt(cell: dict) -> str:
@@ -123,6 +144,16 @@ def setup_line(rec: dict) -> str:
             f"epoch(s), sampling {c['fed']['sample_ratio']:g}, batch {c['fed']['batch_size']}, {rec['backbone']}, "
             f"image {c['data']['image_size'] or 'default'} px, train samples {rec['splits']['train']}, "
             f"test samples {rec['splits']['test']}")
+
+
+def backbone_rows(runs: list, records: dict[int, dict]) -> dict[str, list[str]]:
+    """Each model description of the records (with the weights it carries) -> the rows using it."""
+    out: dict[str, list[str]] = {}
+    for r in runs:
+        rec = records.get(id(r))
+        if rec is not None and "average_of" not in r.row and r.label not in out.setdefault(rec["backbone"], []):
+            out[rec["backbone"]].append(r.label)
+    return out
 
 
 def protocol_note(labels: list[str], protocols: dict[str, RowProtocol], table_rule: str | None) -> str:
@@ -203,6 +234,10 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
     md = [f"# {spec.get('title', name)}", ""]
     if some is not None:
         md += [f"Setup: {setup_line(some)}.", ""]
+        backbones = backbone_rows(runs, records)
+        if len(backbones) > 1:  # the setup line names one record's model: say which rows use which
+            md += ["Models and weights: " + "; ".join(f"{b} ({', '.join(rows)})" for b, rows in backbones.items())
+                   + ".", ""]
     legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
               f"{protocol_note(labels, protocols, spec.get('round_rule'))} "
               f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), Δ = ours − paper, "
@@ -219,6 +254,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
                    "it was produced with (see the notes in results/paper).")
     if any(c.derived for c in columns):
         legend += " average: per seed, the mean of the row's other columns."
+    averaged = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
+    for label, sources in averaged.items():
+        legend += f" {label}: per seed, the mean of rows {', '.join(sources)}."
     md += [legend, ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
@@ -235,8 +273,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
         md += ["", spec["notes"].strip()]
 
     out_dir = Path(tables_dir)
-    figures = {**plot_curves(spec, runs, records, out_dir / f"{name}_curves.png", columns),
-               **plot_partitions(spec, runs, records, out_dir, name, columns)}
+    plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
+    figures = {**plot_curves(spec, plotted, records, out_dir / f"{name}_curves.png", columns),
+               **plot_partitions(spec, plotted, records, out_dir, name, columns)}
     if figures:
         md += ["", "Figures: " + ", ".join(f"[{k}]({Path(v).name})" for k, v in figures.items())]
 
