@@ -26,8 +26,9 @@ class DataConfig:
     max_test_samples: int | None = None  # caps val and test alike
     val_fraction: float = 0.1  # carved from train when the dataset has no val split
     augment: Literal["none", "flip", "npr"] = "none"
-    # evaluate on another dataset: every image of ``test_dataset`` (its train, val and test splits) at
-    # ``test_root`` is the test set, e.g. FACMIC Table 5 (trained on BT, tested on BT2); classes must match
+    # transfer evaluation (FACMIC Table 5: trained on BT, tested on BT2): every image of ``test_dataset``
+    # (its train, val and test splits) at ``test_root`` is the test set, the run's own test split becomes
+    # the validation split (model selection); the classes must match (bench/experiment.setup_datamodule)
     test_dataset: str | None = None
     test_root: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets

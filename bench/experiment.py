@@ -70,8 +70,11 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
 
 
 def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
-    """The run's datamodule, decoded; with ``data.test_dataset`` its test split is every image of that
-    dataset (read from ``data.test_root`` at the run's image size), which must have the same classes."""
+    """The run's datamodule, decoded. With ``data.test_dataset`` (transfer evaluation, FACMIC Table 5)
+    the test split is every image of that dataset (read from ``data.test_root`` at the run's image
+    size; it must have the same classes), and the run's own test split becomes its validation split:
+    the model is selected on its own dataset's test images (best-val-acc: the round FACMIC's main.py
+    saves, its best accuracy on the training dataset's test folder) and scored on the other dataset."""
     dm = build_datamodule(cfg)
     dm.setup()
     d = cfg.data
@@ -83,6 +86,7 @@ def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
                                 f"({other.in_channels} channels); the run trains on {list(dm.class_names)} "
                                 f"({dm.in_channels}): a model can only be tested on the classes it was trained on.")
         splits = [other.train, other.val, other.test]
+        dm.val = dm.test
         dm.test = TensorSplit(torch.cat([s.images for s in splits]), torch.cat([s.labels for s in splits]))
         dm.fingerprint = f"{dm.fingerprint}+{other.fingerprint}"
     return dm
