@@ -151,7 +151,7 @@ def derived_runs(spec: dict[str, Any], runs: list[PlannedRun], experiment: str) 
             raise FedbenchError(f"{where}: average_of must list at least two distinct labels of rows that run "
                                 f"(got {sources!r}; rows: {sorted(labels)}).")
         first = next(r.row for r in runs if r.label == sources[0])
-        derived = {**{k: first[k] for k in ("round_rule", "partition_independent") if k in first}, **row}
+        derived = {**{k: first[k] for k in ("round_rule", "partition_independent", "partition") if k in first}, **row}
         out += [PlannedRun(row["label"], r.beta, r.seed, r.cfg, r.columns, derived) for r in runs if r.label == sources[0]]
     return out
 
