@@ -201,7 +201,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables",
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
     name = f"{spec['table']}_{spec['dataset']}"
-    some = next(iter(records.values()), None)
+    # the setup line describes a federated row's record (a zero-shot or central row runs another budget)
+    federated = [records[id(r)] for r in runs if id(r) in records and not r.row.get("partition_independent")]
+    some = federated[0] if federated else next(iter(records.values()), None)
     shown = ", ".join(papers) or "none"
 
     header = ["Method"]
