@@ -36,6 +36,11 @@ class DataConfig:
     # a published client split (rsna-ich: FedNPR's ich_datasplit_10cl.npy): the train/test splits become the
     # file's, each sample's client its site (partition.scheme natural, fed.client_test site)
     client_split_file: str | None = None
+    # transfer evaluation (FACMIC Table 5: trained on BT, tested on BT2): every image of ``test_dataset``
+    # (its train, val and test splits) at ``test_root`` is the test set, the run's own test split becomes
+    # the validation split (model selection); the classes must match (bench/experiment.setup_datamodule)
+    test_dataset: str | None = None
+    test_root: str | None = None
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 
@@ -43,12 +48,14 @@ class DataConfig:
 class PartitionConfig:
     """How the training set is split into clients (datamodules/partition.py)."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "natural", "dirichlet_missing"] = "dirichlet"
+    scheme: Literal["iid", "dirichlet", "shards", "natural", "dirichlet_missing", "lda", "proportions"] = "dirichlet"
     num_clients: int = 10
-    beta: float = 0.5
+    beta: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_missing; lda's alpha)
     shards_per_client: int = 2
     min_size: int = 10
     missing_prob: float = 0.5
+    shard_mode: Literal["sorted", "per_class"] = "sorted"  # shards: McMahan's sorted cut, or FedNTD's per class
+    proportions: list[float] | None = None  # proportions: one share per client, applied to every class
 
 
 @dataclass
@@ -119,14 +126,19 @@ class RunConfig:
 
     def run_name(self) -> str:
         p = self.partition
-        part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "shards": f"shards{p.shards_per_client}"}
+        part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
+                "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}
+        if p.scheme == "proportions":
+            shares = json.dumps(p.proportions, default=str).encode()
+            part["proportions"] = f"prop{hashlib.sha1(shares).hexdigest()[:6]}"
         method = self.method.name
         if self.method.args:  # rows of one method with different options must not share a record
             digest = hashlib.sha1(json.dumps(self.method.args, sort_keys=True, default=str).encode()).hexdigest()
             method += f"-{digest[:8]}"
         if self.fed.protocol:  # the same training scored another way is another record
             method += f"@{self.fed.protocol}"
-        return f"{method}_{self.data.name}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
+        data = self.data.name + (f"-on-{self.data.test_dataset}" if self.data.test_dataset else "")
+        return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -27,6 +27,7 @@ from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_time
 from bench.records import git_commit, package_versions, record_path, summarise
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from datamodules.base import DATASETS, FederatedDataModule
+from datamodules.data_home import data_home
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
 from datamodules.tensors import TensorSplit
@@ -68,6 +69,32 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
                                val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file)
+
+
+def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
+    """The run's datamodule, decoded. With ``data.test_dataset`` (transfer evaluation, FACMIC Table 5)
+    the test split is every image of that dataset (read from ``data.test_root`` at the run's image
+    size; it must have the same classes), and the run's own test split becomes its validation split:
+    the model is selected on its own dataset's test images (best-val-acc: the round FACMIC's main.py
+    saves, its best accuracy on the training dataset's test folder) and scored on the other dataset."""
+    dm = build_datamodule(cfg)
+    dm.setup()
+    d = cfg.data
+    if d.test_dataset:
+        test_root = d.test_root
+        if test_root and not Path(test_root).expanduser().is_absolute() and not Path(test_root).exists():
+            test_root = str(data_home() / test_root)  # a relative test_root names a folder of the data home
+        other = DATASETS.get(d.test_dataset)(root=test_root, image_size=dm.image_size, cache_dir=d.cache_dir)
+        other.setup()
+        if list(other.class_names) != list(dm.class_names) or other.in_channels != dm.in_channels:
+            raise FedbenchError(f"data.test_dataset {d.test_dataset!r} has classes {list(other.class_names)} "
+                                f"({other.in_channels} channels); the run trains on {list(dm.class_names)} "
+                                f"({dm.in_channels}): a model can only be tested on the classes it was trained on.")
+        splits = [other.train, other.val, other.test]
+        dm.val = dm.test
+        dm.test = TensorSplit(torch.cat([s.images for s in splits]), torch.cat([s.labels for s in splits]))
+        dm.fingerprint = f"{dm.fingerprint}+{other.fingerprint}"
+    return dm
 
 
 def method_arg_names(cls: type) -> set[str]:
@@ -168,12 +195,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         fabric.launch()
     started = time.time()
     with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
-        dm = build_datamodule(cfg)
-        dm.setup()
+        dm = setup_datamodule(cfg)
     p = cfg.partition
     part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta,
                      shards_per_client=p.shards_per_client, min_size=p.min_size,
-                     groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob)
+                     groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob,
+                     shard_mode=p.shard_mode, client_proportions=p.proportions)
     module = build_module(cfg, dm)
     fabric.to_device(module)
     dtype = PRECISION_DTYPES[cfg.precision]

@@ -192,7 +192,7 @@ def check_ranges(cfg: RunConfig) -> None:
     require(finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction",
             "in [0, 1) (0: no validation split, per-client protocol only)", d.val_fraction)
     require(p.num_clients >= 1, "partition.num_clients", ">= 1", p.num_clients)
-    if p.scheme.startswith("dirichlet") and not (finite(p.beta) and p.beta > 0):
+    if (p.scheme.startswith("dirichlet") or p.scheme == "lda") and not (finite(p.beta) and p.beta > 0):
         raise PartitionError(f"partition.beta must be > 0, got {p.beta}.")
     require(p.shards_per_client >= 1, "partition.shards_per_client", ">= 1", p.shards_per_client)
     require(p.min_size >= 0, "partition.min_size", ">= 0", p.min_size)
@@ -274,6 +274,11 @@ def validate_config(cfg: RunConfig) -> None:
     check_field_types(cfg)
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
+    if cfg.data.test_dataset is not None:
+        DATASETS.get(cfg.data.test_dataset)
+    elif cfg.data.test_root is not None:
+        raise FedbenchError("data.test_root is set but data.test_dataset is not: name the dataset to test on "
+                            "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
     check_ranges(cfg)
     check_precision(cfg)

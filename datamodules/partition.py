@@ -13,8 +13,23 @@ Schemes
     (the FedBM / FedCB partition). Redrawn from the same stream until every client has at
     least ``min_size`` samples.
 ``shards``
-    sort by label, cut into ``num_clients * shards_per_client`` shards, give each client
-    ``shards_per_client`` random shards (McMahan et al.).
+    ``shard_mode="sorted"`` (default): sort by label, cut into ``num_clients * shards_per_client``
+    shards, give each client ``shards_per_client`` random shards (McMahan et al.); a shard may
+    straddle two classes. ``shard_mode="per_class"``: FedNTD's sharding (Lee et al. 2022,
+    ``train_tools/preprocessing/datasetter.py``), which FST-CBDG follows: each class is cut into
+    ``s * N / K`` near-equal shards (s shards per client, N clients, K classes; must be a whole
+    number), the multiset of shard labels (each class ``s * N / K`` times) is shuffled and dealt
+    out s per client, and each client takes a random remaining shard of every label it was dealt.
+    A shard never straddles two classes; a client may be dealt the same class twice.
+``lda``
+    FedNTD's "LDA" (FST-CBDG's non-iid setting): for each class in turn, its shuffled samples are
+    cut (floor of cumsum(p) * n_c) by p ~ Dir(alpha * 1_N) over the clients, where a client already
+    holding at least (training samples) / N gets a zero share and p is renormalised; the whole
+    draw repeats until every client has at least ``min_size`` samples (FedNTD: 10).
+``proportions``
+    quantity skew: every class is cut by the same client proportions ``proportions`` (FACMIC's
+    committed ``datasplit.py``, which applies one hard-coded vector per alpha to every class
+    instead of the per-class Dirichlet draw its paper describes).
 ``natural``
     one client per distinct value of ``groups`` (a site / centre id), in sorted order.
 ``dirichlet_missing``
@@ -36,7 +51,8 @@ import numpy as np
 from bench.core.atomic_io import atomic_write
 from bench.core.errors import PartitionError
 
-SCHEMES = ("iid", "dirichlet", "shards", "natural", "dirichlet_missing")
+SCHEMES = ("iid", "dirichlet", "shards", "natural", "dirichlet_missing", "lda", "proportions")
+SHARD_MODES = ("sorted", "per_class")
 
 
 @dataclass
@@ -44,7 +60,7 @@ class Partition:
     """The clients' sample indices (each sorted; every sample exactly once) and how they were drawn."""
 
     client_indices: list[np.ndarray]
-    proportions: np.ndarray | None  # [num_classes, num_clients] Dirichlet draw used (None otherwise)
+    proportions: np.ndarray | None  # [num_classes, num_clients] shares used (Dirichlet, lda, proportions; else None)
     scheme: str
     class_counts: np.ndarray | None = None  # [num_clients, num_classes], filled by partition()
     options: dict[str, Any] = field(default_factory=dict)
@@ -155,6 +171,79 @@ def _shards(
     return [np.sort(np.concatenate([shards[s] for s in row])) for row in assignment]
 
 
+def _shards_per_class(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, per_client: int, num_classes: int
+) -> list[np.ndarray]:
+    """FedNTD's sharding (see the module docstring)."""
+    total = per_client * num_clients
+    if total % num_classes:
+        raise PartitionError(
+            f"shards (per_class): {num_clients} clients x {per_client} shards = {total} shards do not divide "
+            f"evenly over the {num_classes} classes (FedNTD cuts every class into s * N / K shards). Choose "
+            "num_clients and shards_per_client with s * N a multiple of K, or shard_mode 'sorted'.")
+    per_class = total // num_classes
+    shards: list[list[np.ndarray]] = []
+    for c in range(num_classes):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if len(idx) < per_class:
+            raise PartitionError(
+                f"shards (per_class): class {c} has {len(idx)} samples, fewer than its {per_class} shards. "
+                "Use fewer clients or fewer shards per client.")
+        shards.append(list(np.array_split(idx, per_class)))
+    dealt = rng.permutation(np.repeat(np.arange(num_classes), per_class)).reshape(num_clients, per_client)
+    clients = []
+    for row in dealt:
+        mine = [shards[c].pop(int(rng.integers(len(shards[c])))) for c in row]
+        clients.append(np.sort(np.concatenate(mine)))
+    return clients
+
+
+def _lda(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float, min_size: int, max_tries: int,
+    num_classes: int,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """FedNTD's LDA (see the module docstring); returns the clients and the shares used [K, N]."""
+    n = len(labels)
+    class_idx = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    smallest = 0
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        props = np.zeros((num_classes, num_clients))
+        for c in range(num_classes):
+            idx = rng.permutation(class_idx[c])
+            p = rng.dirichlet(np.full(num_clients, alpha)) * (sizes < n / num_clients)
+            if not p.sum() > 0:  # every open client drew a zero share (tiny alpha): redraw the partition
+                break
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].append(chunk)
+                sizes[k] += len(chunk)
+            props[c] = p
+        else:
+            smallest = int(sizes.min())
+            if smallest >= min_size:
+                return [np.sort(np.concatenate(p)) for p in parts], props
+    raise PartitionError(
+        f"No LDA partition with every one of the {num_clients} clients holding >= {min_size} samples in "
+        f"{max_tries} draws (smallest client: {smallest}). Use a larger alpha (--partition.beta), fewer clients "
+        "or a smaller min_size.")
+
+
+def _proportions(labels: np.ndarray, num_clients: int, rng: np.random.Generator, proportions: Sequence[float] | None,
+                 num_classes: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Quantity skew: every class cut by the same client proportions (see the module docstring)."""
+    p = np.asarray(proportions if proportions is not None else [], dtype=np.float64)
+    if p.shape != (num_clients,) or not np.all(np.isfinite(p)) or np.any(p < 0) or not p.sum() > 0:
+        raise PartitionError(
+            f"The proportions partition needs partition.proportions: {num_clients} non-negative numbers (one per "
+            f"client, normalised to sum 1), got {proportions!r}.")
+    props = np.tile(p / p.sum(), (num_classes, 1))
+    class_idx = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    return _split_by_proportions(class_idx, props), props
+
+
 def _natural(labels: np.ndarray, num_clients: int, groups: np.ndarray | None) -> list[np.ndarray]:
     if groups is None:
         raise PartitionError(
@@ -188,6 +277,8 @@ def partition(
     missing_prob: float = 0.5,
     max_tries: int = 1000,
     num_classes: int | None = None,
+    shard_mode: str = "sorted",
+    client_proportions: Sequence[float] | None = None,
 ) -> Partition:
     """Split sample indices over ``num_clients`` clients by ``scheme`` (see the module docstring).
 
@@ -217,10 +308,28 @@ def partition(
     elif scheme == "shards":
         if shards_per_client < 1:
             raise PartitionError(f"shards_per_client must be >= 1, got {shards_per_client}.")
-        clients = _shards(labels, num_clients, rng, shards_per_client)
+        if shard_mode not in SHARD_MODES:
+            raise PartitionError(f"shard_mode must be one of {', '.join(SHARD_MODES)}, got {shard_mode!r}.")
         options["shards_per_client"] = int(shards_per_client)
+        if shard_mode == "per_class":
+            clients = _shards_per_class(labels, num_clients, rng, shards_per_client, num_classes)
+            options["shard_mode"] = shard_mode
+        else:
+            clients = _shards(labels, num_clients, rng, shards_per_client)
     elif scheme == "natural":
         clients = _natural(labels, num_clients, groups)
+    elif scheme == "proportions":
+        clients, proportions = _proportions(labels, num_clients, rng, client_proportions, num_classes)
+        options["proportions"] = proportions[0].tolist()
+    elif scheme == "lda":
+        alpha = float(_betas(beta, 1)[0]) if np.ndim(beta) == 0 else None
+        if alpha is None:
+            raise PartitionError(f"lda takes one alpha (partition.beta), got {beta!r}.")
+        if min_size * num_clients > len(labels):
+            raise PartitionError(f"min_size {min_size} x {num_clients} clients exceeds the {len(labels)} samples. "
+                                 "Use a smaller min_size or fewer clients.")
+        clients, proportions = _lda(labels, num_clients, rng, alpha, min_size, max(1, max_tries), num_classes)
+        options.update(beta=alpha, min_size=int(min_size))
     else:
         betas = _betas(beta, num_classes)
         missing = None

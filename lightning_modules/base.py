@@ -231,10 +231,11 @@ class FederatedModule(L.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         if hp.optimizer == "sgd":
             return torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        eps = getattr(self, "adam_eps", 1e-8)  # torch's default; the CLIP methods set CLIP fine-tuning's 1e-6
         if hp.optimizer == "adam":
-            return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+            return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), eps=eps, weight_decay=hp.weight_decay)
         if hp.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+            return torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), eps=eps, weight_decay=hp.weight_decay)
         raise FedbenchError(f"Unknown optimizer {hp.optimizer!r}; choose sgd, adam or adamw.")
 
     # ---- the client's local update (defaults: FedAvg) ------------------------------------

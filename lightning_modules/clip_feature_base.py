@@ -27,7 +27,7 @@ from bench.core.errors import FedbenchError
 from bench.core.paths import DEFAULT_CACHE_DIR
 from lightning_modules.base import FederatedModule
 from lightning_modules.components import prompts as prompt_sets
-from lightning_modules.components.clip_models import OFFLINE_CLIP, FrozenClip, load_clip
+from lightning_modules.components.clip_models import OFFLINE_CLIP, FrozenClip, describe_weights, load_clip
 from lightning_modules.components.feature_cache import cached_image_features, cached_text_features
 
 DEFAULT_FEATURE_CACHE = str(Path(DEFAULT_CACHE_DIR) / "features")
@@ -119,7 +119,7 @@ class ClipFeatureModule(FederatedModule):
         return nn.Identity(), self.frozen_clip.embed_dim
 
     def describe_backbone(self) -> str:
-        return f"frozen CLIP {self.clip_name!r} (cached features, {self.feature_dim}-d)"
+        return f"frozen CLIP {self.clip_name!r} ({describe_weights(self.clip_name)}; cached features, {self.feature_dim}-d)"
 
     def normalized_text(self) -> torch.Tensor:
         return F.normalize(self.text_features, dim=-1)
@@ -140,11 +140,3 @@ class ClipFeatureModule(FederatedModule):
         with rank_zero_first():
             return self.encode_split(train), self.encode_split(val), self.encode_split(test)
 
-    # ---- optimisation ----------------------------------------------------------------------
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        hp = self.hparams
-        params = [p for p in self.parameters() if p.requires_grad]
-        if hp.optimizer in ("adam", "adamw"):
-            cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
-            return cls(params, lr=hp.lr, betas=tuple(hp.betas), eps=self.adam_eps, weight_decay=hp.weight_decay)
-        return super().configure_optimizers()

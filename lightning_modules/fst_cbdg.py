@@ -21,6 +21,13 @@ Per client (Algorithm 1, lines 10-20):
   current head, before the step); loss = L_iST(f(I), q) (Eq. 3) + lambda L_tSamp(f(z), k) (Eq. 6).
 
 Options (``method.args``), paper defaults: beta 0.9, gamma 0, lambda 1 (``tsamp_weight``).
+  ist_weight      the weight of L_iST (1). 0 and tsamp_weight 0 are the paper's Table 3 ablations
+                  "L_tSamp" and "L_iST" (each loss alone); q keeps updating (Eq. 4) either way, so the
+                  synthetic counts still follow the current pseudo-labels.
+  sampling        'balanced' (default): Eq. 7. 'equal': Table 4's "equal sampling", the same number of
+                  synthetic features for every class irrespective of the client's images per class; the
+                  paper gives no number, so it is the client's mean per class, round(n / K) (as many
+                  synthetic features as real ones; our choice).
   sigma           not given by the paper. A float, or 'auto' (default): each client estimates it at
                   every local epoch from its own features and pseudo-labels as the per-dimension RMS
                   distance of its normalised image features to their pseudo-class's normalised text
@@ -64,17 +71,25 @@ class FstCbdg(ClipFeatureModule):
         tsamp_weight: float = 1.0,
         sigma: float | str = "auto",
         tsamp_reduction: Literal["mean", "sum"] = "mean",
+        ist_weight: float = 1.0,
+        sampling: Literal["balanced", "equal"] = "balanced",
         **kwargs,
     ) -> None:
         if not (sigma == "auto" or (isinstance(sigma, (int, float)) and sigma >= 0)):
             raise FedbenchError(f"fst-cbdg: sigma must be 'auto' or a number >= 0, got {sigma!r}.")
         if tsamp_reduction not in ("mean", "sum"):
             raise FedbenchError(f"fst-cbdg: tsamp_reduction must be 'mean' or 'sum', got {tsamp_reduction!r}.")
+        if sampling not in ("balanced", "equal"):
+            raise FedbenchError(f"fst-cbdg: sampling must be 'balanced' (Eq. 7) or 'equal', got {sampling!r}.")
+        if ist_weight < 0 or tsamp_weight < 0 or not (ist_weight or tsamp_weight):
+            raise FedbenchError(f"fst-cbdg: ist_weight and tsamp_weight must be >= 0 and not both 0, got "
+                                f"ist_weight={ist_weight}, tsamp_weight={tsamp_weight}.")
         if not 0.0 <= beta <= 1.0 or gamma < 0:
             raise FedbenchError(f"fst-cbdg: need 0 <= beta <= 1 and gamma >= 0, got beta={beta}, gamma={gamma}.")
         super().__init__(*args, **kwargs)
         self.beta, self.gamma, self.tsamp_weight = beta, gamma, tsamp_weight
         self.sigma, self.tsamp_reduction = sigma, tsamp_reduction
+        self.ist_weight, self.sampling = ist_weight, sampling
 
     # ---- model -----------------------------------------------------------------------------
     def build_head(self) -> nn.Module:
@@ -107,7 +122,10 @@ class FstCbdg(ClipFeatureModule):
     def synthetic_pool(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Eqs. 5 and 7 for one local epoch, from the client's current pseudo-labels, shuffled."""
         pseudo = self.soft_labels(ctx).argmax(dim=1)
-        counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
+        if self.sampling == "equal":
+            counts = torch.full((self.num_classes,), round(len(pseudo) / self.num_classes), dtype=torch.long)
+        else:
+            counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
         sigma = self.client_sigma(ctx, pseudo)
         z, z_labels = sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
         perm = torch.randperm(len(z_labels), generator=ctx.generator, device=ctx.generator.device).to(z.device)
@@ -126,6 +144,8 @@ class FstCbdg(ClipFeatureModule):
             q_rows = update_soft_labels(q[rows], torch.softmax(logits, dim=-1), self.beta)  # Eq. 4
             q[rows] = q_rows
             total = self_training_loss(logits, q_rows)  # Eq. 3
+            if self.ist_weight != 1.0:
+                total = self.ist_weight * total
             if self.tsamp_weight:
                 total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels, self.tsamp_reduction)
             return total

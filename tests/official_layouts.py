@@ -256,6 +256,24 @@ def write_ich_split_file(path: Path, keep: dict[str, int], num_clients: int = 10
                    for fold, clients in folds.items()}, allow_pickle=True)
 
 
+REAL_SKIN_CLASSES = ["actinic keratosis", "basal cell carcinoma", "dermatofibroma", "melanoma", "nevus",
+                     "pigmented benign keratosis", "vascular lesion"]
+REAL_SKIN_CODES = ["akiec", "bcc", "df", "mel", "nv", "bkl", "vasc"]  # HAM10000's spelling (client_2)
+
+
+def write_real_skin(base: Path, per_class: dict[str, int]) -> None:
+    """FACMIC's RealSkin: client_0..client_2 (SC, ISIC 2019, HAM10000) and client_3 (the global test set),
+    each with one folder per class; HAM10000's folders use its class codes."""
+    for client, (name, n) in enumerate(per_class.items()):
+        dirs = REAL_SKIN_CODES if name == "client_2" else REAL_SKIN_CLASSES
+        for label, d in enumerate(dirs):
+            folder = base / name / d
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (20 + i, 16), (20 + 30 * label, 40 * client, 90)).save(
+                    folder / f"ISIC_{client}{label}{i}.jpg")
+
+
 # ---- one data home holding every dataset ---------------------------------------------------------------------
 def build_data_home(home: Path) -> dict[str, Path]:
     """Every dataset of the suite under ``home`` by its archive name, sized so that every table config can
@@ -274,6 +292,8 @@ def build_data_home(home: Path) -> dict[str, Path]:
         "cinic10": home / "CINIC-10",
         "femnist": home / "femnist",
         "fashion-mnist": home / "fashion-mnist",
+        "real-skin": home / "RealSkin",
+        "brain-tumor-bt2": home / "brain-tumor-bt2",
     }
     write_kvasir(out["kvasir"], 12)
     write_oct(out["oct-c8"], {"train": 8, "val": 2, "test": 3})
@@ -284,6 +304,9 @@ def build_data_home(home: Path) -> dict[str, Path]:
     write_class_tree(out["brain-tumor"] / "Training", BT_DIRS, 12, sizes=((512, 512), (236, 213), (630, 630)))
     write_class_tree(out["brain-tumor"] / "Testing", BT_DIRS, 3, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Train", SC_DIRS, 10, sizes=((600, 450), (1024, 768)))
+    write_real_skin(out["real-skin"], {"client_0": 6, "client_1": 6, "client_2": 6, "client_3": 3})
+    write_class_tree(out["brain-tumor-bt2"] / "Training", BT_DIRS, 4, sizes=((512, 512), (256, 256)))
+    write_class_tree(out["brain-tumor-bt2"] / "Testing", BT_DIRS, 2, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Test", SC_DIRS, 2, sizes=((600, 450),))
     write_cifar10(out["cifar10"], per_batch=20)
     write_cifar100(out["cifar100"], np.arange(500) % 100, np.arange(100))

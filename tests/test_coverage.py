@@ -168,7 +168,7 @@ def test_every_partition_the_papers_print_is_a_column():
     assert {"dirichlet-classwise", "natural", "none", "iid", "average", "lda-0.1", "shards-10"} <= parts
     for p in parts:
         assert parse_column(p).paper_partition == p
-    assert parse_column("lda-0.3").partition == {"scheme": "dirichlet", "beta": 0.3}
+    assert parse_column("lda-0.3").partition == {"scheme": "lda", "beta": 0.3}  # FedNTD's LDA
     assert parse_column("shards-5").partition == {"scheme": "shards", "shards_per_client": 5}
     assert parse_column("dirichlet-classwise-0.5").partition == {"scheme": "dirichlet_missing", "beta": 0.5}
     assert parse_column("average").derived and parse_column("natural").partition == {"scheme": "natural"}
@@ -192,7 +192,7 @@ def test_betas_are_sugar_for_dirichlet_columns():
                                {"label": "B", "method": {"name": "fedavg"}, "partition": {"num_clients": 3}}]})
     got = {(r.label, r.columns[0]): (r.cfg.partition.scheme, r.cfg.partition.beta, r.cfg.partition.shards_per_client,
                                      r.cfg.partition.num_clients) for r in runs}
-    assert got[("A", "lda-0.3")] == ("dirichlet", 0.3, 2, 10)
+    assert got[("A", "lda-0.3")] == ("lda", 0.3, 2, 10)
     assert got[("A", "shards-5")] == ("shards", 0.5, 5, 10)
     assert got[("B", "iid")] == ("iid", 0.5, 2, 3)
 

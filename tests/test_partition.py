@@ -17,6 +17,8 @@ GROUPS = np.arange(len(FMNIST_LIKE)) % 4
 
 def _run(scheme: str, labels: np.ndarray = FMNIST_LIKE, seed: int = 3, **kw):
     kw.setdefault("groups", GROUPS if scheme == "natural" else None)
+    if scheme == "proportions":
+        kw.setdefault("client_proportions", [0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05])
     clients = 4 if scheme == "natural" else kw.pop("num_clients", 10)
     return partition(labels, scheme, clients, seed, **kw)
 

@@ -10,8 +10,10 @@ A table config lists its columns (``columns: [...]``); each is one of
                                  ich_datasplit_10cl.npy as data.client_split_file): the file's clients as sites
                                  (scheme natural) tested on their own test lists (fed.client_test site);
                                  paper key ``dirichlet-classwise``
-    lda-<alpha>                  FST-CBDG's "LDA": a per-class Dirichlet(alpha) (scheme dirichlet)
-    shards-<s>                   s label shards per client (scheme shards)
+    lda-<alpha>                  FST-CBDG's "LDA": FedNTD's per-class Dirichlet(alpha) with a zero share for
+                                 clients already holding 1/N of the data (scheme lda)
+    shards-<s>                   s label shards per client (scheme shards; the base partition's shard_mode
+                                 says whose: McMahan's sorted cut or FedNTD's per-class shards)
     iid                          an even random split
     natural                      one client per natural site / writer (scheme natural)
     none                         no partition: centralised / zero-shot rows (their runs use the base
@@ -85,7 +87,7 @@ def parse_column(text: str) -> Column:
             return Column(text, "dirichlet-classwise", f"β={b:g}", {"scheme": "dirichlet_missing", "beta": b}, beta=b)
         if kind == "lda":
             a = float(m.group(1))
-            return Column(text, f"lda-{a:g}", f"α={a:g}", {"scheme": "dirichlet", "beta": a}, beta=a)
+            return Column(text, f"lda-{a:g}", f"α={a:g}", {"scheme": "lda", "beta": a}, beta=a)
         if kind == "shards":
             s = int(m.group(1))
             return Column(text, f"shards-{s}", f"s={s}", {"scheme": "shards", "shards_per_client": s})

@@ -37,7 +37,7 @@ PAPER_RUNS = {"fedbm": 3, "fedcb": 3, "fednpr": 5}
 DEFAULT_PAPER_RUNS = 3
 PAPER_NAMES = {"fedbm": "FedBM", "fedcb": "FedCB", "fednpr": "FedNPR", "facmic": "FACMIC", "fstcbdg": "FST-CBDG"}
 # our data.name -> the papers' dataset key, where they differ
-PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc"}
+PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc", "real-skin": "real"}
 # our metric -> the papers' names for it: FedNPR's bAUC is the mean one-vs-rest AUC over the classes
 # present in the test split, which is how bench/metrics.py computes auc
 PAPER_METRICS = {"auc": ("auc", "balanced_auc")}

@@ -16,6 +16,12 @@ Command-line changes without editing the YAML (bench/reporting/table_overrides.p
 on every run, ``--seeds`` / ``--rows`` subsets; ``--data-home`` (or $FEDBENCH_DATA) is the folder the
 datasets are found in by their archive names (datamodules/data_home.py). The overridden runs are
 checked like the config's own (bench/validation.py), every one before the first starts.
+
+Two row keys serve ablations:
+  record_tag   rows that differ only in options the run name does not show (FACMIC Table 4's batch
+               sizes) keep their records apart: the row's runs go to experiment ``<table>_<dataset>-<tag>``.
+  average_of   a derived row, never run: per seed and column, the mean of the listed rows (FACMIC
+               Table 4's "Avg" over batch sizes); it is measured as its first listed row.
 """
 from __future__ import annotations
 
@@ -41,7 +47,8 @@ TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", 
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
-                "paper_setting", "paper_dataset", "round_rule"}
+                "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
+DERIVED_ROW_KEYS = {"label", "average_of", "paper_method", "paper_table", "paper_setting", "paper_dataset"}
 UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", "setting", "reason"}
 
 
@@ -83,6 +90,8 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
                                 (spec.get("base") or {}).get("partition") or {})
     runs = []
     for row in spec["rows"]:
+        if "average_of" in row:
+            continue  # derived rows take their runs from their sources, below
         where = f"Table {experiment}, row {row['label']!r}"
         overrides = {k: v for k, v in row.items() if k in OPTION_GROUPS}
         if "columns" in row or "betas" in row:
@@ -98,7 +107,7 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
         for col_id in mine:
             column = by_id[col_id]
             for seed in spec["seeds"]:
-                run = {"seed": seed, "experiment": experiment}
+                run = {"seed": seed, "experiment": experiment + record_suffix(row, where)}
                 if output_dir:
                     run["output_dir"] = output_dir
                 cfg = run_config(spec.get("base") or {}, {"partition": column.partition}, overrides, run,
@@ -110,6 +119,7 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
                                         "fed.client_test site.")
                 cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
                 runs.append(PlannedRun(row["label"], column.beta, seed, cfg, cols, row))
+    runs += derived_runs(spec, runs, experiment)
     for label in dict.fromkeys(r.label for r in runs):
         covered = {c for r in runs if r.label == label for c in r.columns}
         missing = [c for c in ran if c.id not in covered]
@@ -121,6 +131,41 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
     if check_records:
         check_shared_records(runs)
     return runs
+
+
+def record_suffix(row: dict, where: str) -> str:
+    """``-<tag>`` for a row with ``record_tag`` (its records go to their own experiment folder)."""
+    tag = row.get("record_tag")
+    if tag is None:
+        return ""
+    if not isinstance(tag, str) or not tag or not all(ch.isalnum() or ch in "-_." for ch in tag):
+        raise FedbenchError(f"{where}: record_tag must be a short name of letters, digits, '-', '_' or '.', "
+                            f"got {tag!r}.")
+    return f"-{tag}"
+
+
+def derived_runs(spec: dict[str, Any], runs: list[PlannedRun], experiment: str) -> list[PlannedRun]:
+    """The runs behind ``average_of`` rows: their first source row's (so they run nothing new and are
+    measured as it is); the averaging happens when the table is rendered (tables.collect)."""
+    out = []
+    labels = {r.label for r in runs}
+    for row in spec["rows"]:
+        if "average_of" not in row:
+            continue
+        where = f"Table {experiment}, row {row['label']!r}"
+        extra = set(row) - DERIVED_ROW_KEYS
+        if extra:
+            raise FedbenchError(f"{where}: a derived row (average_of) runs nothing, so it takes no {sorted(extra)}; "
+                                f"it may name {sorted(DERIVED_ROW_KEYS - {'label', 'average_of'})}.")
+        sources = row["average_of"]
+        if (not isinstance(sources, list) or len(sources) < 2 or len(set(sources)) != len(sources)
+                or not set(sources) <= labels):
+            raise FedbenchError(f"{where}: average_of must list at least two distinct labels of rows that run "
+                                f"(got {sources!r}; rows: {sorted(labels)}).")
+        first = next(r.row for r in runs if r.label == sources[0])
+        derived = {**{k: first[k] for k in ("round_rule", "partition_independent", "partition") if k in first}, **row}
+        out += [PlannedRun(row["label"], r.beta, r.seed, r.cfg, r.columns, derived) for r in runs if r.label == sources[0]]
+    return out
 
 
 def check_shared_records(runs: list[PlannedRun]) -> None:
@@ -242,14 +287,14 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
 
 def check_data(todo: list[PlannedRun]) -> None:
     """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
-    from bench.experiment import build_datamodule
+    from bench.experiment import setup_datamodule
 
     seen = set()
     for r in todo:
         key = json.dumps(r.cfg.to_dict()["data"], sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
-            build_datamodule(r.cfg).setup()
+            setup_datamodule(r.cfg)
 
 
 def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:

@@ -75,9 +75,30 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                         if warned:  # an average over a suspect run is suspect too
                             cell["warnings"] = cell.get("warnings", []) + list(dict.fromkeys(warned))
                 cells[(label, derived.id, metric)] = cell
+    average_rows(runs, cells, columns, metrics)
     for cell in cells.values():
         cell["mean"], cell["std"] = mean_std(cell["values"])
     return cells
+
+
+def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[str]) -> None:
+    """Rows with ``average_of`` (bench/reporting/table_runner.py): per seed and column, the mean of
+    the listed rows' values where all of them have one."""
+    derived = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
+    for label, sources in derived.items():
+        for col in columns:
+            for metric in metrics:
+                parts = [cells.get((src, col.id, metric)) for src in sources]
+                cell = cells.get((label, col.id, metric))
+                if cell is None or any(p is None for p in parts):
+                    continue
+                seeds = [s for s in parts[0]["seeds"] if all(s in p["seeds"] for p in parts)]
+                cell["values"] = [statistics.fmean(p["values"][p["seeds"].index(s)] for p in parts) for s in seeds]
+                cell["seeds"] = seeds
+                cell["expected"] = max(p["expected"] for p in parts)
+                warned = [w for p in parts for w in p.get("warnings", [])]
+                if warned:
+                    cell["warnings"] = list(dict.fromkeys(warned))
 
 
 def fmt(cell: dict) -> str:
@@ -152,7 +173,7 @@ def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str
     """Which weights each row ran with (from its records), rows with the same weights grouped."""
     groups: dict[str, list[str]] = {}
     for label in labels:
-        for rec in (records.get(id(r)) for r in runs if r.label == label):
+        for rec in (records.get(id(r)) for r in runs if r.label == label and "average_of" not in r.row):
             if rec is not None and label not in groups.setdefault(rec.get("backbone", "?"), []):
                 groups[rec.get("backbone", "?")].append(label)
     return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
@@ -182,7 +203,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
     name = name or f"{spec['table']}_{spec['dataset']}"
-    some = next(iter(records.values()), None)
+    # the setup line describes a federated row's record (a zero-shot or central row runs another budget)
+    federated = [records[id(r)] for r in runs if id(r) in records and not r.row.get("partition_independent")]
+    some = federated[0] if federated else next(iter(records.values()), None)
     shown = ", ".join(papers) or "none"
 
     header = ["Method"]
@@ -235,6 +258,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
                    "it was produced with (see the notes in results/paper).")
     if any(c.derived for c in columns):
         legend += " average: per seed, the mean of the row's other columns."
+    averaged = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
+    for label, sources in averaged.items():
+        legend += f" {label}: per seed, the mean of rows {', '.join(sources)}."
     md += [legend, ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
@@ -251,8 +277,9 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         md += ["", spec["notes"].strip()]
 
     out_dir = Path(tables_dir)
-    figures = {**plot_curves(spec, runs, records, out_dir / f"{name}_curves.png", columns),
-               **plot_partitions(spec, runs, records, out_dir, name, columns)}
+    plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
+    figures = {**plot_curves(spec, plotted, records, out_dir / f"{name}_curves.png", columns),
+               **plot_partitions(spec, plotted, records, out_dir, name, columns)}
     if figures:
         md += ["", "Figures: " + ", ".join(f"[{k}]({Path(v).name})" for k, v in figures.items())]
 

@@ -111,3 +111,21 @@ def lmmd_loss(
     k_ss, k_tt, k_st = kernels[:ns, :ns], kernels[ns:, ns:], kernels[:ns, ns:]
     loss = ((s_w @ s_w.T) * k_ss).sum() + ((t_w @ t_w.T) * k_tt).sum() - 2.0 * ((s_w @ t_w.T) * k_st).sum()
     return loss / (n_present if class_average == "present" else num_classes)
+
+
+def focal_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, gamma: float, smoothing: float) -> torch.Tensor:
+    """Focal loss with label smoothing over C = ``logits.shape[1]`` classes, mean over the rows
+    (FACMIC's FedFocal, its code's FocalLossWithSmoothing):
+
+        loss_i = -(1 - smoothing) (1 - p_iy)^gamma log p_iy - smoothing / (C - 1) sum_{k != y} log p_ik
+
+    (the focusing factor acts on the true class only). smoothing = 0 is Lin et al.'s focal loss,
+    gamma = 0 the label-smoothed cross-entropy.
+    """
+    log_p = F.log_softmax(logits.float(), dim=1)
+    c = log_p.shape[1]
+    off = smoothing / (c - 1) if c > 1 else 0.0
+    weights = torch.full_like(log_p, off).scatter_(1, target.unsqueeze(1), 1.0 - smoothing)
+    log_pt = log_p.gather(1, target.unsqueeze(1))
+    focus = torch.ones_like(log_p).scatter_(1, target.unsqueeze(1), (1.0 - log_pt.exp()).clamp_min(0).pow(gamma))
+    return -(focus * weights * log_p).sum(dim=1).mean()

@@ -103,6 +103,18 @@ class FrozenClip:
         return torch.cat(out) if out else torch.empty(0, self.embed_dim, device=self.device)
 
 
+def describe_weights(name: str) -> str:
+    """Which weights the named CLIP carries, as tables and records say it."""
+    spec = CLIP_SPECS.get(name)
+    if spec is None:
+        return "unknown weights"
+    if spec.random:
+        return "fixed-seed RANDOM weights, an offline stand-in, not a pretrained CLIP"
+    if spec.pretrained == "openai":
+        return f"OpenAI {spec.model_name} weights"
+    return f"pretrained weights {spec.model_name}"
+
+
 def _freeze(model: torch.nn.Module) -> torch.nn.Module:
     model.eval()
     for p in model.parameters():
@@ -181,14 +193,12 @@ def load_clip(name: str, cache_dir: str | None = None, device: str | torch.devic
     return clip
 
 
-def preprocess_uint8(
-    images_uint8: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]
-) -> torch.Tensor:
-    """CLIP's preprocessing on tensors: uint8 [N, C, H, W] -> normalised float [N, 3, S, S].
+def clip_resize_uint8(images_uint8: torch.Tensor, image_size: int) -> torch.Tensor:
+    """CLIP's image geometry on tensors: uint8 [N, C, H, W] -> uint8 [N, 3, S, S].
 
     Grayscale is repeated to 3 channels; the shorter side is resized to ``image_size`` (bicubic,
-    antialiased, rounded to the uint8 grid as PIL would), then centre-cropped, scaled to [0, 1]
-    and normalised. For square inputs this is a plain resize. Runs on the input's device.
+    antialiased, rounded to the uint8 grid as PIL would), then centre-cropped. For square inputs this
+    is a plain resize. Runs on the input's device.
     """
     if images_uint8.dtype != torch.uint8 or images_uint8.ndim != 4:
         raise FedbenchError(
@@ -198,20 +208,29 @@ def preprocess_uint8(
     channels = images_uint8.shape[1]
     if channels not in (1, 3):
         raise FedbenchError(f"CLIP needs 1 (grayscale) or 3 (RGB) channels, got {channels}")
-    x = images_uint8.float()
+    x = images_uint8
     if channels == 1:
         x = x.expand(-1, 3, -1, -1)
     h, w = x.shape[-2:]
-    if (h, w) != (image_size, image_size):
-        short, long = (h, w) if h <= w else (w, h)
-        new_long = int(image_size * long / short)
-        new_hw = (image_size, new_long) if h <= w else (new_long, image_size)
-        if (h, w) != new_hw:
-            x = F.interpolate(x, size=new_hw, mode="bicubic", antialias=True, align_corners=False)
-            x = x.round_().clamp_(0, 255)
-        top = round((new_hw[0] - image_size) / 2.0)
-        left = round((new_hw[1] - image_size) / 2.0)
-        x = x[..., top : top + image_size, left : left + image_size]
+    if (h, w) == (image_size, image_size):
+        return x.contiguous()
+    short, long = (h, w) if h <= w else (w, h)
+    new_long = int(image_size * long / short)
+    new_hw = (image_size, new_long) if h <= w else (new_long, image_size)
+    if (h, w) != new_hw:
+        x = F.interpolate(x.float(), size=new_hw, mode="bicubic", antialias=True, align_corners=False)
+        x = x.round_().clamp_(0, 255).to(torch.uint8)
+    top = round((new_hw[0] - image_size) / 2.0)
+    left = round((new_hw[1] - image_size) / 2.0)
+    return x[..., top : top + image_size, left : left + image_size].contiguous()
+
+
+def preprocess_uint8(
+    images_uint8: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """CLIP's preprocessing on tensors: uint8 [N, C, H, W] -> normalised float [N, 3, S, S]
+    (``clip_resize_uint8``'s geometry, then scaled to [0, 1] and normalised)."""
+    x = clip_resize_uint8(images_uint8, image_size).float()
     mean_t = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     std_t = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     return ((x / 255.0 - mean_t) / std_t).contiguous()
