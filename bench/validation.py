@@ -18,6 +18,7 @@ from bench.config import OPTION_GROUPS, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
 from datamodules.base import DATASETS
 from lightning_modules.base import METHODS, FederatedModule
+from lightning_modules.components.prompts import load_prompt_file, match_concepts
 
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")
@@ -144,6 +145,20 @@ def check_method_args(cfg: RunConfig) -> None:
             check_value(f"method.args.{key} of {m.name!r}", value, hint)
 
 
+# ---- method.args.prompts ------------------------------------------------------------------------
+def check_prompts(cfg: RunConfig) -> None:
+    """A prompts file (``method.args.prompts``) is readable, well formed, and names exactly the dataset's
+    classes (read from the folder names for class-folder: no image is decoded)."""
+    path = cfg.method.args.get("prompts") if isinstance(cfg.method.args, dict) else None
+    if not isinstance(path, str):
+        return
+    file = load_prompt_file(path)
+    if file.concepts:
+        d = cfg.data
+        class_names = DATASETS.get(d.name)(root=d.root, cache_dir=d.cache_dir).class_names
+        match_concepts(file, d.name, list(class_names))
+
+
 # ---- fed.protocol --------------------------------------------------------------------------------
 def check_protocol(cfg: RunConfig) -> None:
     """A method that trains one model on the pooled data is scored globally only."""
@@ -244,7 +259,8 @@ def check_outputs(cfg: RunConfig) -> None:
 
 
 def validate_config(cfg: RunConfig) -> None:
-    """All checks that need neither data nor a launched Fabric (safe to run for every row of a table)."""
+    """All checks that need neither decoded data nor a launched Fabric (safe to run for every row of a
+    table); a prompts file is matched with the dataset's class names (folder names, for class-folder)."""
     check_field_types(cfg)
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
@@ -252,3 +268,4 @@ def validate_config(cfg: RunConfig) -> None:
     check_ranges(cfg)
     check_accelerator(cfg)
     check_method_args(cfg)
+    check_prompts(cfg)

@@ -13,8 +13,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- class-folder fixtures -----------------------------------------------------------------------
+def colour(label: int) -> tuple[int, int, int]:
+    """A distinct solid colour per class, so decoded pixels reveal the label they were stored under."""
+    return (30 + 20 * label, 220 - 20 * label, 128)
+
+
+def grey(label: int) -> tuple[int, int, int]:
+    v = 30 + 20 * label
+    return (v, v, v)
+
+
+def write_class_tree(
+    base: Path, class_dirs: list[str], per_class: int, ext: str = "jpg", mode: str = "RGB"
+) -> None:
+    """One folder per class of ``per_class`` 14x10 images in the class's solid colour (``colour``/``grey``)."""
+    for label, name in enumerate(class_dirs):
+        folder = base / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            value = colour(label) if mode == "RGB" else grey(label)[0]
+            Image.new(mode, (14, 10), value).save(folder / f"img_{i:03d}.{ext}")
 
 
 @pytest.fixture

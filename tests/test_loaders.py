@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import colour, grey, write_class_tree
 from PIL import Image
 
 from bench.core.errors import CorruptDataError, DatasetNotFoundError
@@ -16,29 +17,7 @@ from datamodules.base import DATASETS
 from datamodules.image_files import decode_image_files, scan_class_folders
 from datamodules.medmnist import choose_medmnist_file
 
-
-# ---- fixtures of the official layouts -----------------------------------------------------------
-def colour(label: int) -> tuple[int, int, int]:
-    """A distinct solid colour per class, so decoded pixels reveal the label they were stored under."""
-    return (30 + 20 * label, 220 - 20 * label, 128)
-
-
-def grey(label: int) -> tuple[int, int, int]:
-    v = 30 + 20 * label
-    return (v, v, v)
-
-
-def write_class_tree(
-    base: Path, class_dirs: list[str], per_class: int, ext: str = "jpg", mode: str = "RGB"
-) -> None:
-    for label, name in enumerate(class_dirs):
-        folder = base / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            value = colour(label) if mode == "RGB" else grey(label)[0]
-            Image.new(mode, (14, 10), value).save(folder / f"img_{i:03d}.{ext}")
-
-
+# ---- fixtures of the official layouts (class trees: conftest.write_class_tree) --------------------
 KVASIR_DIRS = ["dyed-lifted-polyps", "dyed-resection-margins", "esophagitis", "normal-cecum",
                "normal-pylorus", "normal-z-line", "polyps", "ulcerative-colitis"]
 OCT_DIRS = ["AMD", "CNV", "CSR", "DME", "DR", "DRUSEN", "MH", "NORMAL"]

@@ -148,7 +148,21 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
         return None, "config changed"
     if rec.get("code_version") != code_version():
         return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version()})"
+    if prompts_file_changed(cfg, rec):
+        return None, "prompts file changed"
     return rec, "up to date"
+
+
+def prompts_file_changed(cfg: RunConfig, rec: dict) -> bool:
+    """Whether the run's prompts file (method.args.prompts) now says something else than when the
+    record was written (the config names the file, the record keeps what it said)."""
+    path = cfg.method.args.get("prompts")
+    if not isinstance(path, str):
+        return False
+    from lightning_modules.components.prompts import load_prompt_file
+
+    kept = (rec.get("prompts") or {}).get("file") or {}
+    return {k: kept.get(k) for k in ("concepts", "templates")} != load_prompt_file(path).content()
 
 
 def main(argv: list[str]) -> int:
