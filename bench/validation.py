@@ -208,6 +208,7 @@ def check_ranges(cfg: RunConfig) -> None:
             m.weight_decay)
     require(cfg.seed >= 0, "seed", ">= 0", cfg.seed)
     require(cfg.devices >= 1, "devices", ">= 1", cfg.devices)
+    require(cfg.num_nodes >= 1, "num_nodes", ">= 1", cfg.num_nodes)
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
     require(finite(cfg.timeout) and cfg.timeout > 0, "timeout", "a number of minutes > 0", cfg.timeout)
@@ -232,6 +233,39 @@ def check_accelerator(cfg: RunConfig) -> None:
     if on_cpu and cfg.precision == "16-mixed":
         raise FedbenchError("--precision 16-mixed needs a CUDA GPU (fp16 autocast is not supported on CPU, where "
                             "Fabric would silently switch to bf16-mixed); use bf16-mixed or 32-true.")
+
+
+def check_launcher(cfg: RunConfig) -> None:
+    """Several nodes need a launcher that starts one process per rank on every node (torchrun, SLURM's
+    srun, or NODE_RANK/MASTER_ADDR set by hand), and the launcher's world size must be devices x num_nodes:
+    otherwise Fabric would wait for ranks that never come."""
+    import os
+
+    import torch.distributed as dist
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    launch = ("torchrun --nnodes <num_nodes> --nproc-per-node <devices> --node-rank <this node> --master-addr "
+              "<node 0> --master-port <port> -m bench.cli run ... --devices <devices> --num_nodes <num_nodes> on "
+              "every node, or srun under SLURM (README, 'Several machines')")
+    if dist.is_available() and dist.is_torchelastic_launched():
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != cfg.devices * cfg.num_nodes:
+            raise FedbenchError(f"torchrun started {world} process(es) in all, but --devices {cfg.devices} x "
+                                f"--num_nodes {cfg.num_nodes} = {cfg.devices * cfg.num_nodes}: pass --devices "
+                                "<torchrun's --nproc-per-node> and --num_nodes <torchrun's --nnodes>.")
+        return
+    if cfg.num_nodes == 1:
+        return
+    if SLURMEnvironment.detect():
+        nodes, tasks = os.environ.get("SLURM_NNODES"), os.environ.get("SLURM_NTASKS_PER_NODE")
+        if nodes is not None and int(nodes) != cfg.num_nodes or tasks is not None and int(tasks) != cfg.devices:
+            raise FedbenchError(f"SLURM gives {nodes} node(s) x {tasks} task(s) per node, but --num_nodes "
+                                f"{cfg.num_nodes} --devices {cfg.devices}: make them equal (#SBATCH --nodes, "
+                                "--ntasks-per-node).")
+        return
+    if "NODE_RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        return  # launched by hand: this node's processes are started by Fabric
+    raise FedbenchError(f"--num_nodes {cfg.num_nodes} needs a multi-node launch: {launch}.")
 
 
 # ---- outputs -------------------------------------------------------------------------------------
@@ -267,5 +301,6 @@ def validate_config(cfg: RunConfig) -> None:
     check_protocol(cfg)
     check_ranges(cfg)
     check_accelerator(cfg)
+    check_launcher(cfg)
     check_method_args(cfg)
     check_prompts(cfg)
