@@ -52,8 +52,8 @@ def own_cfg(tiny_cfg, own_data, tmp_path):
             args["text_cache_dir"] = str(tmp_path / "text")
         else:
             args["feature_cache_dir"] = str(tmp_path / "features")
-        if method == "fedbm":
-            args.update(CHEAP_GEN)
+        if method == "fedbm":  # the generator trains after both rounds, conditioned on the class concepts
+            args.update(CHEAP_GEN, gen_start=1, gen_every=1)
         return tiny_cfg(**{"data.name": "class-folder", "data.root": str(own_data), "data.image_size": 8,
                            "method.name": method, "method.args": args, "partition.num_clients": 3,
                            "partition.min_size": 5, "fed.rounds": 2, "fed.sample_ratio": 1.0, "experiment": method})
@@ -84,6 +84,10 @@ def test_lkcc_methods_default_prompts_are_folder_names_and_generic_templates(met
     head = captured["fed"].module.head
     assert torch.equal(head.mu, expected.mu) and torch.equal(head.sigma_diag, expected.sigma_diag)
     assert record["splits"] == {"train": 42, "val": 6, "test": 12}  # the flat layout's 7:1:2 of 60 images
+    if method == "fedbm":
+        module = captured["fed"].module
+        assert [e["round"] for e in module.cgde.log] == [0, 1]
+        assert torch.equal(module.condition_distribution().mu, expected.mu)
 
 
 @pytest.mark.parametrize("method", ["fedcb", "fedbm"])

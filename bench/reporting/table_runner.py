@@ -31,7 +31,7 @@ from bench.reporting.columns import columns_from, table_columns
 from bench.reporting.spec import canonical, check_overrides, deep_merge, load_spec, run_config, with_defaults
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
-              "notes", "wandb", "round_rule", "paper_dataset", "uncovered"}
+              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule"}
