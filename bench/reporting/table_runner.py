@@ -9,7 +9,8 @@ rows such as Central that do not depend on the partition: run once per seed, sho
 ``columns`` / ``betas`` for rows whose options differ per column: the row runs in those columns
 only, and rows sharing a label fill one table row). A run's partition is the base one, then the column's settings, then the row's
 own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
-row can reproduce are left out (reported by ``fedbench coverage``). Identical runs of different
+row can reproduce are left out (reported by ``fedbench coverage``); ``baseline`` names the row every other
+row is paired with over seeds (default: the row labelled FedAvg; bench/reporting/tables.py). Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
 """
 from __future__ import annotations
