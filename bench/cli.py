@@ -18,7 +18,7 @@ import warnings
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
-from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -56,20 +56,24 @@ def parse_run(argv: list[str]) -> RunConfig:
     return RunConfig(**kwargs)
 
 
-def format_warning(message, category, filename, lineno, line=None) -> str:
-    """fedbench's own warnings as one plain line; others as Python formats them."""
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """fedbench's own warnings and notices as one plain line; others as Python shows them. (Replaces
+    ``warnings.showwarning``, not ``formatwarning``, which Lightning replaces on import with a format that
+    drops the category for any file whose path contains "lightning", such as lightning_modules/.)"""
     if issubclass(category, FedbenchWarning):
-        return f"fedbench: warning: {message}\n"
-    return PYTHON_FORMAT(message, category, filename, lineno, line)
+        kind = "notice" if issubclass(category, FedbenchNotice) else "warning"
+        print(f"fedbench: {kind}: {message}", file=file or sys.stderr, flush=True)
+        return
+    PYTHON_SHOW(message, category, filename, lineno, file, line)
 
 
-PYTHON_FORMAT = warnings.formatwarning
+PYTHON_SHOW = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.formatwarning = format_warning
+    warnings.showwarning = show_warning
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

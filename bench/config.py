@@ -108,7 +108,8 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
-    devices: int = field(default=1, metadata=EXECUTION)
+    devices: int = field(default=1, metadata=EXECUTION)  # ranks per node (torchrun's --nproc-per-node)
+    num_nodes: int = field(default=1, metadata=EXECUTION)  # machines, launched by torchrun or SLURM (README)
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
     precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)

@@ -53,15 +53,18 @@ class RunObserver:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
+    """Fabric on cfg.devices ranks per node x cfg.num_nodes nodes. Under torchrun or SLURM, Fabric takes the
+    ranks from the launcher's environment (TorchElasticEnvironment / SLURMEnvironment) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
-    strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if cfg.devices > 1 else "auto"
+    ranks = cfg.devices * cfg.num_nodes
+    strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if ranks > 1 else "auto"
     try:
-        return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, strategy=strategy, precision=cfg.precision,
-                      loggers=loggers)
+        return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy,
+                      precision=cfg.precision, loggers=loggers)
     except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
         raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
-                            f"precision={cfg.precision!r}: {err}") from err
+                            f"num_nodes={cfg.num_nodes}, precision={cfg.precision!r}: {err}") from err
 
 
 def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -243,6 +246,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
+        **({"prompts": module.prompt_info} if module.prompt_info is not None else {}),
         "partition": {**part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": 0 if dm.val is None else len(dm.val), "test": len(dm.test)},
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},

@@ -18,6 +18,7 @@ from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
 from datamodules.base import DATASETS, splittable_datasets
 from lightning_modules.base import METHODS, FederatedModule
+from lightning_modules.components.prompts import load_prompt_file, match_concepts
 
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")
@@ -144,6 +145,20 @@ def check_method_args(cfg: RunConfig) -> None:
             check_value(f"method.args.{key} of {m.name!r}", value, hint)
 
 
+# ---- method.args.prompts ------------------------------------------------------------------------
+def check_prompts(cfg: RunConfig) -> None:
+    """A prompts file (``method.args.prompts``) is readable, well formed, and names exactly the dataset's
+    classes (read from the folder names for class-folder: no image is decoded)."""
+    path = cfg.method.args.get("prompts") if isinstance(cfg.method.args, dict) else None
+    if not isinstance(path, str):
+        return
+    file = load_prompt_file(path)
+    if file.concepts:
+        d = cfg.data
+        class_names = DATASETS.get(d.name)(root=d.root, cache_dir=d.cache_dir).class_names
+        match_concepts(file, d.name, list(class_names))
+
+
 # ---- fed.protocol --------------------------------------------------------------------------------
 def check_protocol(cfg: RunConfig) -> None:
     """A method that trains one model on the pooled data is scored globally only; a run without a
@@ -214,6 +229,7 @@ def check_ranges(cfg: RunConfig) -> None:
             m.weight_decay)
     require(cfg.seed >= 0, "seed", ">= 0", cfg.seed)
     require(cfg.devices >= 1, "devices", ">= 1", cfg.devices)
+    require(cfg.num_nodes >= 1, "num_nodes", ">= 1", cfg.num_nodes)
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
     require(finite(cfg.timeout) and cfg.timeout > 0, "timeout", "a number of minutes > 0", cfg.timeout)
@@ -245,6 +261,39 @@ def check_accelerator(cfg: RunConfig) -> None:
                             "CUDA GPU(s).")
 
 
+def check_launcher(cfg: RunConfig) -> None:
+    """Several nodes need a launcher that starts one process per rank on every node (torchrun, SLURM's
+    srun, or NODE_RANK/MASTER_ADDR set by hand), and the launcher's world size must be devices x num_nodes:
+    otherwise Fabric would wait for ranks that never come."""
+    import os
+
+    import torch.distributed as dist
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    launch = ("torchrun --nnodes <num_nodes> --nproc-per-node <devices> --node-rank <this node> --master-addr "
+              "<node 0> --master-port <port> -m bench.cli run ... --devices <devices> --num_nodes <num_nodes> on "
+              "every node, or srun under SLURM (README, 'Several machines')")
+    if dist.is_available() and dist.is_torchelastic_launched():
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != cfg.devices * cfg.num_nodes:
+            raise FedbenchError(f"torchrun started {world} process(es) in all, but --devices {cfg.devices} x "
+                                f"--num_nodes {cfg.num_nodes} = {cfg.devices * cfg.num_nodes}: pass --devices "
+                                "<torchrun's --nproc-per-node> and --num_nodes <torchrun's --nnodes>.")
+        return
+    if cfg.num_nodes == 1:
+        return
+    if SLURMEnvironment.detect():
+        nodes, tasks = os.environ.get("SLURM_NNODES"), os.environ.get("SLURM_NTASKS_PER_NODE")
+        if nodes is not None and int(nodes) != cfg.num_nodes or tasks is not None and int(tasks) != cfg.devices:
+            raise FedbenchError(f"SLURM gives {nodes} node(s) x {tasks} task(s) per node, but --num_nodes "
+                                f"{cfg.num_nodes} --devices {cfg.devices}: make them equal (#SBATCH --nodes, "
+                                "--ntasks-per-node).")
+        return
+    if "NODE_RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        return  # launched by hand: this node's processes are started by Fabric
+    raise FedbenchError(f"--num_nodes {cfg.num_nodes} needs a multi-node launch: {launch}.")
+
+
 # ---- outputs -------------------------------------------------------------------------------------
 def check_writable(folder: str, option: str) -> None:
     """``folder`` can be created and written (probed in its nearest existing parent with a file that
@@ -270,7 +319,8 @@ def check_outputs(cfg: RunConfig) -> None:
 
 
 def validate_config(cfg: RunConfig) -> None:
-    """All checks that need neither data nor a launched Fabric (safe to run for every row of a table)."""
+    """All checks that need neither decoded data nor a launched Fabric (safe to run for every row of a
+    table); a prompts file is matched with the dataset's class names (folder names, for class-folder)."""
     check_field_types(cfg)
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
@@ -283,4 +333,6 @@ def validate_config(cfg: RunConfig) -> None:
     check_ranges(cfg)
     check_precision(cfg)
     check_accelerator(cfg)
+    check_launcher(cfg)
     check_method_args(cfg)
+    check_prompts(cfg)

@@ -152,12 +152,15 @@ class FederatedModule(L.LightningModule):
                          'per_client' (each client's model on its own split) or 'local_mean' (each
                          client's model on the global test set); a run's ``fed.protocol`` overrides it
       runs_centrally     trained as one client holding the pooled data (bench/central.py)
+    Methods that read class prompts set ``prompt_info`` (the concepts and templates used, where they
+    came from); the run record keeps it.
     """
 
     personal_prefixes: ClassVar[tuple[str, ...]] = ()
     frozen_prefixes: ClassVar[tuple[str, ...]] = ()
     protocol: ClassVar[str] = "global"
     runs_centrally: ClassVar[bool] = False
+    prompt_info: dict | None = None
 
     def __init__(
         self,

@@ -43,16 +43,6 @@ def shared_clip(name: str, cache_dir: str | None = None) -> FrozenClip:
     return _LOADED[key]
 
 
-def class_concepts(dataset_name: str | None, class_names: list[str]) -> list[str]:
-    """What goes into ``{}`` of a prompt: the dataset's spelled-out concepts when the prompt sets
-    know the dataset (e.g. OCT's 'AMD' -> 'Age-related macular degeneration'), else the class names."""
-    if dataset_name in prompt_sets.known_datasets():
-        concepts = prompt_sets.concepts(dataset_name)
-        if len(concepts) == len(class_names):
-            return concepts
-    return [str(c).replace("_", " ") for c in class_names]
-
-
 @contextlib.contextmanager
 def rank_zero_first() -> Iterator[None]:
     """Rank 0 fills the feature cache first; the other ranks then read it (one encode per machine)."""
@@ -70,7 +60,11 @@ class ClipFeatureModule(FederatedModule):
 
     Options shared by every CLIP method (``method.args``):
       clip               CLIP name for ``load_clip`` (default ``tiny-random``: offline random weights)
-      prompt             class-prompt template, ``{}`` is the class concept
+      prompt             class-prompt template, ``{}`` is the class concept (default: the method's own)
+      prompts            a prompts file (components/prompts.py): concepts per class name and/or templates;
+                         without ``prompt``, its first template is used. Without a file, the concepts are
+                         the dataset's prompt-set concepts (e.g. OCT's 'AMD' -> 'Age-related macular
+                         degeneration'), else its class names (with a notice)
       feature_cache_dir  where image/text features are cached (default ~/.cache/fedbench/features)
       clip_cache_dir     where open_clip keeps downloaded weights (default: the HF hub cache)
       adam_eps           Adam's eps when method.optimizer is adam/adamw (CLIP fine-tuning uses 1e-6)
@@ -86,13 +80,16 @@ class ClipFeatureModule(FederatedModule):
         feature_cache_dir: str | None = None,
         clip_cache_dir: str | None = None,
         adam_eps: float = 1e-6,
+        prompts: str | None = None,
         **kwargs,
     ) -> None:
         # Set before FederatedModule.__init__, which calls build_backbone/build_head.
         self.clip_name = clip
+        self.prompt_given, self.prompts_file = prompt, prompts
         self.prompt = prompt or self.default_prompt
         if "{}" not in self.prompt:
             raise FedbenchError(f"method.args.prompt must contain '{{}}' for the class name, got {self.prompt!r}.")
+        self.prompt_info: dict | None = None  # the concepts and template used (kept in the run record)
         self.feature_cache_dir = feature_cache_dir or DEFAULT_FEATURE_CACHE
         self.adam_eps = adam_eps
         self.frozen_clip: FrozenClip = shared_clip(clip, clip_cache_dir)
@@ -102,8 +99,18 @@ class ClipFeatureModule(FederatedModule):
 
     # ---- frozen parts ----------------------------------------------------------------------
     def class_prompts(self) -> list[str]:
+        """One prompt per class: the template (``prompt``, else the prompts file's first, else the
+        method's default) filled with the class concept (components/prompts.py: class_prompts)."""
         names = self.class_names or [str(k) for k in range(self.num_classes)]
-        return [self.prompt.format(c) for c in class_concepts(self.hparams.get("dataset_name"), list(names))]
+        dataset = self.hparams.get("dataset_name")
+        cp = prompt_sets.class_prompts(dataset, list(names), self.prompts_file)
+        prompt_sets.announce_defaults(cp, dataset, self.method_name(), uses_templates=False)
+        if self.prompt_given is None and cp.file is not None and cp.file.templates:
+            self.prompt = cp.file.templates[0]
+        self.prompt_info = {**cp.to_json(), "templates": [self.prompt],
+                            "templates_from": "method.args.prompt" if self.prompt_given else
+                            cp.templates_from if cp.file is not None and cp.file.templates else "the method's default"}
+        return [self.prompt.format(c) for c in cp.concepts]
 
     def class_text_features(self) -> torch.Tensor:
         """Raw (un-normalised) text features [K, D] of the class prompts, encoded once and cached."""

@@ -2,7 +2,9 @@
 Classifier Debiasing", MICCAI 2024) = FedBM's LKCC module alone.
 
 Classifier (frozen, identical on every client, never trained or aggregated):
-  prompts  K concepts x M templates (``components/prompts.py``), embedded by a frozen text encoder
+  prompts  K concepts x M templates (``components/prompts.py``: the dataset's prompt set; a dataset
+           without one, such as class-folder, takes its class names and generic templates with a
+           notice; ``prompts: my_prompts.yaml`` gives your own), embedded by a frozen text encoder
            into L2-normalised e_m^(k) (``components/text_encoders.py``, cached on disk);
   mu_k     = mean_m e_m^(k) (not renormalised);  Sigma_k = unbiased per-dimension variance (Eq. 2).
 Model: h = normalise(W f(x) + b), a Linear(feature_dim -> text dim) projection on the backbone.
@@ -46,7 +48,7 @@ from lightning_modules.components.lkcc import (
     lkcc_surrogate_loss,
     random_frozen_classifier,
 )
-from lightning_modules.components.prompts import prompts
+from lightning_modules.components.prompts import ClassPrompts, announce_defaults, class_prompts
 from lightning_modules.components.text_encoders import ENCODERS, class_prompt_embeddings
 
 CLASSIFIERS = ("distribution", "embedding_average", "random_frozen", "learned")
@@ -104,15 +106,13 @@ class LearnedHead(nn.Module):
         return self.fc(f)
 
 
-def concept_distribution(dataset_name: str | None, class_names: list[str] | None, text_encoder: str,
-                         prompt_fraction: float, cache_dir: str) -> ConceptDistribution:
-    """The class concept distributions of ``dataset_name``'s prompt set through ``text_encoder``.
+def concept_distribution(cp: ClassPrompts, text_encoder: str, prompt_fraction: float,
+                         cache_dir: str) -> ConceptDistribution:
+    """The class concept distributions of the prompts ``cp`` through ``text_encoder``.
 
     Rank 0 encodes (or reads the disk cache) first, the other ranks then read the same cache
     file, so every rank holds bit-identical embeddings."""
-    if dataset_name is None:
-        raise FedbenchError("FedCB/FedBM need the dataset name to build the class prompts (dataset_name).")
-    grid = prompts(dataset_name, class_names, prompt_fraction)
+    grid = cp.grid(prompt_fraction)
     with rank_zero_first():
         embeddings = class_prompt_embeddings(text_encoder, grid, cache_dir)
     return ConceptDistribution.from_embeddings(embeddings.float())
@@ -127,7 +127,7 @@ class FedCB(FederatedModule):
 
     def __init__(self, *args, classifier: str = "distribution", text_encoder: str = "minilm", tau: float = 12.5,
                  prompt_fraction: float = 1.0, random_seed: int = 0, text_cache_dir: str | None = None,
-                 **kwargs) -> None:
+                 prompts: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         allowed = [c for c in CLASSIFIERS if c != "learned" or self.takes_learned_classifier]
         if classifier not in allowed:
@@ -139,13 +139,19 @@ class FedCB(FederatedModule):
             raise FedbenchError(f"tau must be > 0, got {tau}.")
         self.classifier, self.text_encoder, self.tau = classifier, text_encoder, float(tau)
         self.distribution: ConceptDistribution | None = None  # text-space distributions (FedBM's conditions)
+        self.prompt_info: dict | None = None  # the concepts and templates used (kept in the run record)
         if classifier == "random_frozen":
             mu = random_frozen_classifier(self.num_classes, ENCODERS[text_encoder].dim, random_seed)
             sigma = torch.zeros_like(mu)
         else:
-            self.distribution = concept_distribution(
-                self.hparams.get("dataset_name"), self.class_names, text_encoder, prompt_fraction,
-                text_cache_dir or DEFAULT_TEXT_CACHE)
+            dataset = self.hparams.get("dataset_name")
+            if self.class_names is None:
+                raise FedbenchError(f"{type(self).__name__} needs the class names to build the class prompts.")
+            cp = class_prompts(dataset, self.class_names, prompts)
+            announce_defaults(cp, dataset, self.method_name(), uses_templates=True)
+            self.prompt_info = cp.to_json()
+            self.distribution = concept_distribution(cp, text_encoder, prompt_fraction,
+                                                     text_cache_dir or DEFAULT_TEXT_CACHE)
             if self.distribution.num_classes != self.num_classes:
                 raise FedbenchError(f"{self.distribution.num_classes} concepts for {self.num_classes} classes.")
             mu = self.distribution.mu

@@ -150,7 +150,7 @@ def test_coverage_is_what_the_renderer_prints(demo, tmp_path):
     assert rep["paper_mean"] is None and rep["delta"] is None and rep["p_value"] is None
     assert rep["protocol_differs"].startswith("evaluation (ours: per_client, paper: global)")
     md = Path(paths["md"]).read_text()
-    assert "| Rep (per-client) | 31.00 ± 1.00 | protocol differs: evaluation, round [1] | — | — |" in md
+    assert "| Rep (per-client) | 31.00 ± 1.00 | — | protocol differs: evaluation, round [1] | — | — |" in md
 
 
 def test_cli_json(demo, capsys):

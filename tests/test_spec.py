@@ -27,7 +27,7 @@ def write(tmp_path, spec: dict) -> str:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'betas', 'columns', 'dataset',"),
+        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'baseline', 'betas', 'columns', 'dataset',"),
         ({"base": {"fedd": {"rounds": 2}}}, "base has unknown key(s) ['fedd']; allowed: ['accelerator', "),
         ({"base": {"fed": {"roundz": 2}}},
          "base has unknown key(s) ['roundz'] in fed; allowed: ['batch_size', "),
@@ -74,7 +74,7 @@ def test_missing_spec_and_not_a_mapping(tmp_path):
 
 def test_keys_come_from_the_dataclasses():
     assert set(OPTION_GROUPS) == {"data", "partition", "fed", "method"}
-    assert execution_keys(RunConfig) == {"devices", "accelerator", "threads", "output_dir", "checkpoint_dir",
+    assert execution_keys(RunConfig) == {"devices", "num_nodes", "accelerator", "threads", "output_dir", "checkpoint_dir",
                                          "checkpoint_every", "resume", "timeout", "save_final_state", "wandb",
                                          "wandb_project", "progress"}
     assert ENTRY_KEYS == {"name", "tolerance", "data", "partition", "fed", "method", "seed", "precision"}

@@ -80,7 +80,7 @@ def test_mean_std_and_missing(rendered):
     md = Path(paths["md"]).read_text()
     assert "| FedAvg | 58.00 ± 3.00 |" in md
     assert "68.00 ± 2.83 (2/3 seeds)" in md
-    assert "| Ours only | missing (0/3 seeds) | n/a |" in md
+    assert "| Ours only | missing (0/3 seeds) | missing | n/a |" in md  # ours, Δ FedAvg, FedBM
     # Central runs once per seed and fills both beta columns
     c = cells[("Central", 0.1, "accuracy")]
     assert c["mean"] == pytest.approx(91.0) and c["expected"] == 3
@@ -109,7 +109,7 @@ def test_paper_delta_and_welch(rendered):
     assert cells[("Central", 0.1, "accuracy")]["paper_mean"] is not None
     assert cells[("Ours only", 0.05, "accuracy")]["paper_mean"] is None  # FedBM has no such row name
     md = Path(paths["md"]).read_text()
-    assert f"| FedAvg | 58.00 ± 3.00 | 60.10 ± 5.76 | -2.10 | {a['p_value']:.3f} |" in md
+    assert f"| FedAvg | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 | -2.10 | {a['p_value']:.3f} |" in md
 
 
 def test_welch_p_known_values():

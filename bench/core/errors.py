@@ -19,3 +19,7 @@ class PartitionError(FedbenchError, ValueError):
 
 class FedbenchWarning(UserWarning):
     """Something was wrong but repaired (a corrupt cache rebuilt); the message says what."""
+
+
+class FedbenchNotice(FedbenchWarning):
+    """Nothing is wrong, but fedbench chose something for you (default prompts); the message says what."""

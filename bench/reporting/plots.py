@@ -12,8 +12,6 @@ import numpy as np
 from bench.core.atomic_io import atomic_write
 from datamodules.partition import plot_partition
 
-LINESTYLES = ["-", "--", ":"]
-
 
 def _save(fig, path: Path) -> None:
     atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
@@ -30,41 +28,74 @@ def curve_of(record: dict, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, columns: list) -> dict[str, str]:
-    """One panel per run column (bench/reporting/columns.py): the mean over seeds of the test metric
-    per round, one line per row. Returns {"curves": path} or {} when no record has a curve."""
+def mean_curves(runs: list, records: dict[int, dict], key: str, label: str, column_id: str
+                ) -> tuple[list[int], np.ndarray] | None:
+    """(rounds, values [seeds, rounds]) of one row in one column, over the seeds evaluated at the same rounds."""
+    curves = [curve_of(records[id(r)], key) for r in runs
+              if r.label == label and column_id in r.columns and id(r) in records]
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return None
+    n = min(len(c[0]) for c in curves)
+    return curves[0][0][:n], np.array([c[1][:n] for c in curves])
+
+
+def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, columns: list,
+                panels_per_row: int = 6) -> dict[str, str]:
+    """Small multiples: one panel per table row, its mean test curve over seeds per run column (colour; the
+    band spans the seeds' min to max) over every other row's mean curves in grey, on shared axes, so that
+    twenty rows stay readable. Returns {"curves": path} or {} when no record has a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     metric = spec.get("metrics", ["accuracy"])[0]
     key = f"test/{metric}"
     columns = [c for c in columns if not c.derived]
-    fig = Figure(figsize=(5.5 * len(columns), 4.2))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(columns), squeeze=False)[0]
-    drawn = False
-    for ax, column in zip(axes, columns):
-        for i, label in enumerate(dict.fromkeys(r.label for r in runs)):
-            curves = [curve_of(records[id(r)], key) for r in runs
-                      if r.label == label and column.id in r.columns and id(r) in records]
-            curves = [c for c in curves if c[0]]
-            if not curves:
-                continue
-            n = min(len(c[0]) for c in curves)  # seeds evaluated at the same rounds
-            ys = np.array([c[1][:n] for c in curves])
-            ax.plot(curves[0][0][:n], ys.mean(0), marker="o", markersize=2.5, linewidth=1.2,
-                    linestyle=LINESTYLES[i // 10 % len(LINESTYLES)],  # the default palette has 10 colours
-                    label=f"{label} (n={len(curves)})")
-            drawn = True
-        ax.set_title(column.label.replace("=", " = "))
-        ax.set_xlabel("round")
-        ax.set_ylabel(f"test {metric} (%)")
-        ax.grid(alpha=0.3)
+    labels = list(dict.fromkeys(r.label for r in runs))
+    curves = {(label, col.id): mean_curves(runs, records, key, label, col.id) for label in labels for col in columns}
+    drawn = [label for label in labels if any(curves[(label, c.id)] is not None for c in columns)]
     if not drawn:
         return {}
-    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle(f"{spec['table']} {spec['dataset']}: mean over seeds")
-    fig.tight_layout()
+    ncols = min(panels_per_row, len(drawn))
+    nrows = -(-len(drawn) // ncols)
+    fig = Figure(figsize=(2.5 * ncols, 2.0 * nrows + 0.9))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    colours = [f"C{k % 10}" for k in range(len(columns))]
+    for ax, label in zip(axes.flat, drawn):
+        for (other, _), curve in curves.items():
+            if other != label and curve is not None:
+                ax.plot(curve[0], curve[1].mean(0), color="0.8", linewidth=0.7, zorder=1)
+        seeds = 0
+        for col, colour in zip(columns, colours):
+            curve = curves[(label, col.id)]
+            if curve is None:
+                continue
+            xs, ys = curve
+            seeds = max(seeds, len(ys))
+            ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.18, linewidth=0, zorder=2)
+            ax.plot(xs, ys.mean(0), color=colour, linewidth=1.6, zorder=3)
+        ax.set_title(f"{label} (n={seeds})", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(drawn):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"test {metric} (%)", fontsize=7)
+    for i, ax in enumerate(list(axes.flat)[:len(drawn)]):
+        if i + ncols >= len(drawn):  # the lowest panel of its column: the round axis is labelled
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("round", fontsize=7)
+    handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours]
+    names = [col.label.replace("=", " = ") for col in columns]
+    handles.append(Line2D([], [], color="0.8", linewidth=0.7))
+    names.append("other rows")
+    fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
+                 fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     _save(fig, path)
     return {"curves": str(path)}
 

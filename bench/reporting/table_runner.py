@@ -9,7 +9,8 @@ rows such as Central that do not depend on the partition: run once per seed, sho
 ``columns`` / ``betas`` for rows whose options differ per column: the row runs in those columns
 only, and rows sharing a label fill one table row). A run's partition is the base one, then the column's settings, then the row's
 own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
-row can reproduce are left out (reported by ``fedbench coverage``). Identical runs of different
+row can reproduce are left out (reported by ``fedbench coverage``); ``baseline`` names the row every other
+row is paired with over seeds (default: the row labelled FedAvg; bench/reporting/tables.py). Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
 
 Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
@@ -44,7 +45,7 @@ from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
-              "notes", "wandb", "round_rule", "paper_dataset", "uncovered"}
+              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
@@ -205,7 +206,21 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
         return None, "config changed"
     if rec.get("code_version") != code_version():
         return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version()})"
+    if prompts_file_changed(cfg, rec):
+        return None, "prompts file changed"
     return rec, "up to date"
+
+
+def prompts_file_changed(cfg: RunConfig, rec: dict) -> bool:
+    """Whether the run's prompts file (method.args.prompts) now says something else than when the
+    record was written (the config names the file, the record keeps what it said)."""
+    path = cfg.method.args.get("prompts")
+    if not isinstance(path, str):
+        return False
+    from lightning_modules.components.prompts import load_prompt_file
+
+    kept = (rec.get("prompts") or {}).get("file") or {}
+    return {k: kept.get(k) for k in ("concepts", "templates")} != load_prompt_file(path).content()
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,12 @@
-"""Render a table from run records: ours (mean +- std over seeds) per (row, column, metric) beside each
-paper's number, the difference and a Welch p-value; missing stays missing; PNG figures alongside.
+"""Render a table from run records: ours (mean +- std over seeds) per (row, column, metric), the paired
+difference to the baseline row (FedAvg) over seeds with its 95% interval, beside each paper's number, the
+difference and a Welch p-value; missing stays missing; PNG figures alongside.
+
+What a reader can trust (bench/reporting/uncertainty.py): every row runs on the same partition per seed,
+so the paired difference to FedAvg removes the partition's share of the seed-to-seed spread; the notes give
+the test-set standard error of one run's accuracy; per column the best global-model federated row is in
+bold with every row whose mean +- std overlaps it. Paper columns that would print only "n/a" (no paper has
+a number there) are left out of the Markdown (the CSV and JSON keep every field).
 
 Ours is the test metric at the round the row's round rule picks (bench/reporting/protocols.py), computed from
 each record's per-round history. A paper's number is shown only where the row was measured as the
@@ -16,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
+from bench.core.errors import FedbenchError
 from bench.records import load_record, record_path
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
@@ -28,6 +36,7 @@ from bench.reporting.paper_compare import (
 )
 from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
+from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
 
@@ -56,6 +65,10 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                 if value is not None:
                     cell["values"].append(value)
                     cell["seeds"].append(run.seed)
+                    n_test = (rec.get("splits") or {}).get("test")
+                    if metric == "accuracy" and n_test:
+                        cell.setdefault("test_se_values", []).append(binomial_se(value, int(n_test)))
+                        cell["n_test"] = int(n_test)
                     cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}"
                                                                   for w in rec.get("warnings", [])]
     ran = [c.id for c in columns if not c.derived]
@@ -179,6 +192,140 @@ def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str
     return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
 
 
+def baseline_label(spec: dict, runs: list) -> str | None:
+    """The row every other row is paired with: ``baseline:`` in the table config (a row label, or null for
+    none), else the row labelled FedAvg, else the first row whose method is fedavg; None when there is none."""
+    labels = list(dict.fromkeys(r.label for r in runs))
+    if "baseline" in spec:
+        label = spec["baseline"]
+        if label is not None and label not in labels:
+            raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: baseline {label!r} is not a row label; "
+                                f"rows: {labels}.")
+        return label
+    if "FedAvg" in labels:
+        return "FedAvg"
+    return next((r.label for r in runs if r.cfg.method.name == "fedavg"), None)
+
+
+def reference_eval(labels: list[str], protocols: dict[str, RowProtocol], baseline: str | None) -> str:
+    """What the comparable rows evaluate: the baseline's evaluation, else the most common one."""
+    if baseline is not None:
+        return protocols[baseline].eval
+    evals = [protocols[lab].eval for lab in labels]
+    return max(dict.fromkeys(evals), key=evals.count)
+
+
+def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labels: list[str], runs: list,
+                    protocols: dict[str, RowProtocol], baseline: str | None) -> None:
+    """Per cell: ``paired`` (the paired difference to the baseline, or None with ``paired_note`` saying why),
+    ``test_se`` (the mean over seeds of the binomial standard error of a global-model accuracy) and ``best``."""
+    ref = reference_eval(labels, protocols, baseline)
+    independent = {r.label for r in runs if r.row.get("partition_independent")}
+    for (label, col_id, metric), cell in cells.items():
+        ses = [v for v in cell.pop("test_se_values", []) if v is not None]
+        cell["test_se"] = statistics.fmean(ses) if ses and protocols[label].eval == "global" else None
+        cell["paired"], cell["paired_note"] = None, None
+        if baseline is None:
+            continue
+        if label == baseline:
+            cell["paired_note"] = "baseline"
+        elif protocols[label].eval != protocols[baseline].eval:
+            cell["paired_note"] = f"not comparable: {protocols[label].eval} evaluation"
+        elif not cell["values"]:
+            cell["paired_note"] = "missing"
+        else:
+            base = cells[(baseline, col_id, metric)]
+            diff = paired_difference(cell["values"], cell["seeds"], base["values"], base["seeds"])
+            cell["paired"] = diff.to_json() if diff else None
+            cell["paired_note"] = None if diff else "no seed shared with the baseline"
+    for col in columns:
+        for metric in metrics:
+            candidates = [lab for lab in labels if protocols[lab].eval == ref and lab not in independent]
+            shown = {lab: (cells[(lab, col.id, metric)]["mean"], cells[(lab, col.id, metric)]["std"])
+                     for lab in candidates if cells[(lab, col.id, metric)]["mean"] is not None}
+            best = best_with_ties(shown) if len(shown) >= 2 else set()
+            for lab in labels:
+                cells[(lab, col.id, metric)]["best"] = lab in best
+
+
+def fmt_paired(cell: dict) -> str:
+    """The paired-difference column of one cell: "+6.60 [-3.09, 16.29]", "*" when p < ALPHA."""
+    diff = cell.get("paired")
+    if diff is None:
+        return {"baseline": "(reference)", "missing": "missing"}.get(cell.get("paired_note") or "", "—")
+    if diff["ci95"] is None:
+        return f"{diff['mean']:+.2f} (1 seed)"
+    low, high = diff["ci95"]
+    return f"{diff['mean']:+.2f} [{low:+.2f}, {high:+.2f}]" + (" *" if diff["significant"] else "")
+
+
+def shown_paper_groups(cells: dict, labels: list[str], col: Column, metric: str, groups: list[str],
+                       papers: list[str]) -> list[str | None]:
+    """The paper column groups of (column, metric) that print something other than n/a for some row;
+    [None] stands for the plain "paper" group of a table with no paper cell at all."""
+    candidates: list[str | None] = list(groups) or [None]
+    out = []
+    for p in candidates:
+        for label in labels:
+            cell = cells[(label, col.id, metric)]
+            cmp = cell["papers"][p] if p else cell
+            if cmp["protocol_differs"] is not None or cmp["paper_mean"] is not None:
+                out.append(p)
+                break
+    return out
+
+
+EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean": "client-mean"}
+
+
+def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
+                 baseline: str | None, paper_shown: bool, columns: list[Column], runs: list) -> list[str]:
+    """The table's legend, one Markdown bullet per kind of column."""
+    shown = ", ".join(papers) or "none"
+    lines = [(f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
+             f"{protocol_note(labels, protocols, spec.get('round_rule'))}")]
+    if baseline is not None:
+        others = [lab for lab in labels if lab != baseline and protocols[lab].eval != protocols[baseline].eval]
+        line = (f"Δ {baseline}: every row runs on the same partition per seed, so per seed the row minus "
+                f"{baseline} (same partition, same seed), averaged over the seeds both have, with its 95% "
+                f"interval (paired t-test, n − 1 degrees of freedom); * marks p < {ALPHA:g} (the interval "
+                f"excludes 0), not corrected for the table's many comparisons.")
+        if others:
+            line += f" Rows evaluated otherwise ({', '.join(others)}) show —: they are not comparable with {baseline}."
+        lines.append(line)
+    ref = reference_eval(labels, protocols, baseline)
+    independent = list(dict.fromkeys(r.label for r in runs if r.row.get("partition_independent")))
+    lines.append(f"Bold: per column, the best mean of the {EVAL_NAMES[ref]} rows"
+                 + (f" (not {', '.join(independent)}, a reference)" if independent else "")
+                 + ", and every such row whose mean ± std overlaps it (mean + std ≥ best mean − best std).")
+    ses = [c["test_se"] for c in cells.values() if c.get("test_se") is not None]
+    n_test = sorted({c["n_test"] for c in cells.values() if c.get("test_se") is not None and c.get("n_test")})
+    if ses:
+        sizes = " / ".join(str(n) for n in n_test)
+        lines.append(f"Test-set standard error: one run's accuracy on the {sizes} test images varies by "
+                     f"100·sqrt(p(1 − p)/n) = {min(ses):.2f}–{max(ses):.2f} pp from the test sample alone "
+                     "(global-model rows; per cell in the CSV/JSON as test_se); the seed-to-seed std includes it.")
+    if paper_shown:
+        line = (f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), "
+                "Δ = ours − paper, p = two-sided Welch t-test where both sides have >= 3 runs.")
+        sources = sorted({cell["papers"][p]["paper_source"] for cell in cells.values() for p in papers
+                          if cell["papers"][p]["paper_source"]})
+        if sources:
+            line += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
+                     "is evaluated, the reporting round, the model) its column says 'protocol differs' and gives "
+                     "no Δ and no p.")
+        if any(cell["papers"][p].get("protocol_inferred") for cell in cells.values() for p in papers):
+            line += (" †: the paper does not state how it measured that row; its protocol is inferred from the "
+                     "code it was produced with (see the notes in results/paper).")
+        lines.append(line)
+    elif papers:
+        lines.append(f"No paper ({shown}) has a number for these cells: the paper columns are left out.")
+    if any(c.derived for c in columns):
+        lines.append("average: per seed, the mean of the row's other columns.")
+    lines.append("Rows without records are shown as missing, never filled.")
+    return [f"- {line}" for line in lines]
+
+
 def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
                  name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
@@ -189,6 +336,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
     protocols = row_protocols(spec, runs)
+    baseline = baseline_label(spec, runs)
     records = load_records(runs)
     cells = collect(spec, runs, records, columns, protocols)
     matches = match_table(spec, runs, columns, load_cells(spec, papers_root))
@@ -202,37 +350,44 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         cell.update(per[primary] if primary else compare(cell, None))
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
+    add_uncertainty(cells, columns, metrics, labels, runs, protocols, baseline)
     name = name or f"{spec['table']}_{spec['dataset']}"
     # the setup line describes a federated row's record (a zero-shot or central row runs another budget)
     federated = [records[id(r)] for r in runs if id(r) in records and not r.row.get("partition_independent")]
     some = federated[0] if federated else next(iter(records.values()), None)
-    shown = ", ".join(papers) or "none"
 
     header = ["Method"]
+    layout = []  # (column, metric, paper groups shown)
     for col in columns:
         for m in metrics:
             lab = f"{col.label} {METRIC_LABELS.get(m, m)}"
+            shown_groups = shown_paper_groups(cells, labels, col, m, groups, papers)
+            layout.append((col, m, shown_groups))
             header.append(f"{lab} ours")
-            if not groups:
-                header += [f"{lab} paper", f"{lab} Δ", f"{lab} p"]
-            for p in groups:
-                tag = f" {PAPER_NAMES.get(p, p)}" if len(groups) > 1 else ""
-                header += [f"{lab} {PAPER_NAMES.get(p, p)}", f"{lab} Δ{tag}", f"{lab} p{tag}"]
+            if baseline is not None:
+                header.append(f"{lab} Δ {baseline} [95% CI]")
+            for p in shown_groups:
+                if p is None:
+                    header += [f"{lab} paper", f"{lab} Δ", f"{lab} p"]
+                else:
+                    tag = f" {PAPER_NAMES.get(p, p)}" if len(groups) > 1 else ""
+                    header += [f"{lab} {PAPER_NAMES.get(p, p)}", f"{lab} Δ{tag}", f"{lab} p{tag}"]
     footnotes: dict[str, int] = {}  # "row vs source: reason" -> its number
     rows = []
     for label in labels:
         row = [label]
-        for col in columns:
-            for m in metrics:
-                cell = cells[(label, col.id, m)]
-                row.append(fmt(cell))
-                for p in groups or [None]:
-                    cmp = cell["papers"][p] if p else cell
-                    note = None
-                    if cmp["protocol_differs"]:
-                        key = f"{label} vs {cmp['paper_source']}: {cmp['protocol_differs']}"
-                        note = footnotes.setdefault(key, len(footnotes) + 1)
-                    row += fmt_paper(cmp, note)
+        for col, m, shown_groups in layout:
+            cell = cells[(label, col.id, m)]
+            row.append(f"**{fmt(cell)}**" if cell["best"] else fmt(cell))
+            if baseline is not None:
+                row.append(fmt_paired(cell))
+            for p in shown_groups:
+                cmp = cell["papers"][p] if p else cell
+                note = None
+                if cmp["protocol_differs"]:
+                    key = f"{label} vs {cmp['paper_source']}: {cmp['protocol_differs']}"
+                    note = footnotes.setdefault(key, len(footnotes) + 1)
+                row += fmt_paper(cmp, note)
         rows.append(row)
 
     title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
@@ -242,26 +397,11 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         md += [*changes, ""]
     if some is not None:
         md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
-    legend = (f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
-              f"{protocol_note(labels, protocols, spec.get('round_rule'))} "
-              f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), Δ = ours − paper, "
-              "p = two-sided Welch t-test where both sides have >= 3 runs. Rows without records are shown as "
-              "missing, never filled.")
-    sources = sorted({cell["papers"][p]["paper_source"] for cell in cells.values() for p in papers
-                      if cell["papers"][p]["paper_source"]})
-    if sources:
-        legend += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
-                   "is evaluated, the reporting round, the model) its column says 'protocol differs' and gives "
-                   "no Δ and no p.")
-    if any(cell["papers"][p].get("protocol_inferred") for cell in cells.values() for p in papers):
-        legend += (" †: the paper does not state how it measured that row; its protocol is inferred from the code "
-                   "it was produced with (see the notes in results/paper).")
-    if any(c.derived for c in columns):
-        legend += " average: per seed, the mean of the row's other columns."
-    averaged = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
-    for label, sources in averaged.items():
-        legend += f" {label}: per seed, the mean of rows {', '.join(sources)}."
-    md += [legend, ""]
+    paper_shown = any(shown for _, _, shown in layout)
+    legend = legend_lines(spec, labels, protocols, cells, papers, baseline, paper_shown, columns, runs)
+    legend += [f"- {label}: per seed, the mean of rows {', '.join(sources)}."
+               for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
+    md += [*dict.fromkeys(legend), ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
     by_id = {c.id: c for c in columns}
@@ -287,20 +427,26 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     writer = csv.writer(buf)
     cols = ["mean", "std", "paper_mean", "paper_std", "delta", "p_value", "paper_source"]
     writer.writerow(["method", "beta", "metric", *cols, "n_seeds", "expected_seeds", "values", "column",
-                     "round_rule", "protocol_differs", "other_papers"])
+                     "round_rule", "protocol_differs", "other_papers", "baseline", "paired_mean", "paired_ci95_low",
+                     "paired_ci95_high", "paired_p", "paired_n", "test_se", "best"])
     for (label, col_id, metric), cell in cells.items():
         beta = next(c.beta for c in columns if c.id == col_id)
         others = "; ".join(f"{v['paper_source']}: " + " ".join(fmt_paper(v)) for p, v in cell["papers"].items()
                            if v["paper_source"] and v["paper_source"] != cell["paper_source"])
+        diff = cell["paired"] or {}
+        ci = diff.get("ci95") or [None, None]
         writer.writerow([label, "" if beta is None else beta, metric, *(cell[c] for c in cols), len(cell["values"]),
                          cell["expected"], " ".join(f"{v:.4f}" for v in cell["values"]), col_id, cell["round_rule"],
-                         cell["protocol_differs"] or "", others])
+                         cell["protocol_differs"] or "", others, baseline or "",
+                         *("" if v is None else v for v in (diff.get("mean"), *ci, diff.get("p_value"))),
+                         len(diff.get("diffs") or []) or "", "" if cell["test_se"] is None else cell["test_se"],
+                         int(cell["best"])])
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], buf.getvalue())
     write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "name": name, "title": title,
                                "experiment": runs[0].cfg.experiment if runs else name,
-                               "reduced": reduced, "changes": changes or [], "papers": papers,
+                               "reduced": reduced, "changes": changes or [], "papers": papers, "baseline": baseline,
                                "setup": setup_line(some) if some else "", "figures": figures,
                                "columns": [c.id for c in columns],
                                "protocols": {lab: vars(protocols[lab]) for lab in labels},
