@@ -36,7 +36,8 @@ from torch import nn
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from lightning_modules.base import FederatedModule
-from lightning_modules.clip_feature_base import class_concepts, shared_clip
+from lightning_modules.clip_feature_base import shared_clip
+from lightning_modules.components import prompts as prompt_sets
 from lightning_modules.components.clip_losses import clip_contrastive_loss
 from lightning_modules.components.clip_models import (
     OFFLINE_CLIP,
@@ -79,7 +80,8 @@ class ClipFinetuneModule(FederatedModule):
         self.reference: FrozenClip = shared_clip(clip, clip_cache_dir)  # tokenizer, image size, mean/std
         super().__init__(*args, betas=betas, **kwargs)
         names = self.class_names or [str(k) for k in range(self.num_classes)]
-        prompts = [self.prompt.format(c) for c in class_concepts(self.hparams.get("dataset_name"), list(names))]
+        concepts = prompt_sets.class_prompts(self.hparams.get("dataset_name"), list(names)).concepts
+        prompts = [self.prompt.format(c) for c in concepts]
         self.register_buffer("prompt_tokens", self.reference.tokenizer(prompts).long(), persistent=False)
 
     # ---- model -----------------------------------------------------------------------------

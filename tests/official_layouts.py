@@ -305,7 +305,7 @@ def build_data_home(home: Path) -> dict[str, Path]:
     write_class_tree(out["brain-tumor"] / "Testing", BT_DIRS, 3, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Train", SC_DIRS, 10, sizes=((600, 450), (1024, 768)))
     write_real_skin(out["real-skin"], {"client_0": 6, "client_1": 6, "client_2": 6, "client_3": 3})
-    write_class_tree(out["brain-tumor-bt2"] / "Training", BT_DIRS, 4, sizes=((512, 512), (256, 256)))
+    write_class_tree(out["brain-tumor-bt2"] / "Training", BT_DIRS, 10, sizes=((512, 512), (256, 256)))
     write_class_tree(out["brain-tumor-bt2"] / "Testing", BT_DIRS, 2, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Test", SC_DIRS, 2, sizes=((600, 450),))
     write_cifar10(out["cifar10"], per_batch=20)
