@@ -242,7 +242,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", default=None, help="run only these of the config's seeds, e.g. --seeds 0 or 0,1")
     parser.add_argument("--rows", action="append", default=None,
                         help="run only these rows, by label: --rows FedAvg,FedBM (repeat --rows for labels with commas)")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="run only shard I of N (1 <= I <= N) of the table's runs, e.g. one per machine or "
+                             "SLURM array task (--shard $((SLURM_ARRAY_TASK_ID + 1))/N); records go to the shared "
+                             "--output-dir, and the table is rendered once every run of it has a record")
     args = parser.parse_args(argv)
+    args.shard = parse_shard(args.shard)
 
     from bench.reporting.tables import render_table
 
@@ -260,6 +265,14 @@ def main(argv: list[str]) -> int:
         check_plan(runs, spec, args, overrides)
         if execute(runs, spec, args, overrides.record()) != 0:
             return 0  # other ranks: rank 0 renders
+        if args.shard is not None:
+            waiting = [r for r in distinct_runs(runs) if record_status(r.cfg)[1] != "up to date"]
+            if waiting:
+                i, n = args.shard
+                print(f"shard {i}/{n} done; the table waits for {len(waiting)} of {len(distinct_runs(runs))} runs "
+                      "from the other shards (the shard that completes the set renders it, or run the same command "
+                      "with --render-only).")
+                return 0
     paths = render_table(spec, runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
                          changes=overrides.describe(full_spec), reduced=not overrides.full_budget)
     print(Path(paths["md"]).read_text())
@@ -271,6 +284,29 @@ def main(argv: list[str]) -> int:
         table = json.loads(Path(paths["json"]).read_text())
         print(f"W&B table run: {log_table(table, figures, runs[0].cfg.wandb_project, args.wandb_dir)}")
     return 0
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` -> (I, N) with 1 <= I <= N; None without the option."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise FedbenchError(f"--shard must be I/N with whole numbers (e.g. --shard 1/4), got {text!r}.") from None
+    if not 1 <= i <= n:
+        raise FedbenchError(f"--shard {text}: I must be between 1 and N (shards are numbered 1..{max(n, 1)}).")
+    return i, n
+
+
+def shard_runs(runs: list[PlannedRun], shard: tuple[int, int] | None) -> list[PlannedRun]:
+    """Shard I of N of the table's distinct runs: every N-th run in plan order (rows x columns x seeds),
+    starting at the I-th, so each shard gets a mix of rows and seeds. The shards of one table are
+    disjoint and together are every run, whatever the number of machines."""
+    if shard is None:
+        return runs
+    i, n = shard
+    return [r for k, r in enumerate(runs) if k % n == i - 1]
 
 
 def run_label(r: PlannedRun) -> str:
@@ -320,7 +356,9 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
 
     reasons = Counter()
     todo = []
-    runs = distinct_runs(runs)
+    runs = shard_runs(distinct_runs(runs), getattr(args, "shard", None))
+    if getattr(args, "shard", None) is not None:
+        print(f"{spec['table']} {spec['dataset']}: shard {args.shard[0]}/{args.shard[1]}")
     for r in runs:
         reason = "--force" if args.force else record_status(r.cfg)[1]
         if reason != "up to date":
