@@ -34,7 +34,7 @@ def write(tmp_path, spec: dict) -> str:
         ({"rows": [{"label": "A", "method": {"nmae": "fedavg"}}]},
          "row 'A' has unknown key(s) ['nmae'] in method; allowed: ['args', 'backbone', "),
         ({"rows": [{"label": "A", "seed": 3}]},
-         "row 'A' has unknown key(s) ['seed']; allowed: ['betas', 'columns', 'data', "),
+         "row 'A' has unknown key(s) ['seed']; allowed: ['average_of', 'betas', 'columns', 'data', "),
     ],
     ids=["table-key", "base-group", "base-group-key", "row-group-key", "row-key"],
 )
