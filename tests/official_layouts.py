@@ -293,7 +293,6 @@ def build_data_home(home: Path) -> dict[str, Path]:
         "femnist": home / "femnist",
         "fashion-mnist": home / "fashion-mnist",
         "real-skin": home / "RealSkin",
-        "brain-tumor-bt2": home / "brain-tumor-bt2",
     }
     write_kvasir(out["kvasir"], 12)
     write_oct(out["oct-c8"], {"train": 8, "val": 2, "test": 3})
@@ -305,8 +304,9 @@ def build_data_home(home: Path) -> dict[str, Path]:
     write_class_tree(out["brain-tumor"] / "Testing", BT_DIRS, 3, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Train", SC_DIRS, 10, sizes=((600, 450), (1024, 768)))
     write_real_skin(out["real-skin"], {"client_0": 6, "client_1": 6, "client_2": 6, "client_3": 3})
-    write_class_tree(out["brain-tumor-bt2"] / "Training", BT_DIRS, 10, sizes=((512, 512), (256, 256)))
-    write_class_tree(out["brain-tumor-bt2"] / "Testing", BT_DIRS, 2, sizes=((512, 512),))
+    # BT2 (FACMIC Table 5's test dataset, data.test_root brain-tumor-bt2): another brain-tumor set, not a dataset name
+    write_class_tree(home / "brain-tumor-bt2" / "Training", BT_DIRS, 10, sizes=((512, 512), (256, 256)))
+    write_class_tree(home / "brain-tumor-bt2" / "Testing", BT_DIRS, 2, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Test", SC_DIRS, 2, sizes=((600, 450),))
     write_cifar10(out["cifar10"], per_batch=20)
     write_cifar100(out["cifar100"], np.arange(500) % 100, np.arange(100))

@@ -30,7 +30,12 @@ def test_every_config_gets_a_small_offline_budget(config, tmp_path):
     for run in runs:
         c = run.cfg
         assert (c.fed.rounds, c.fed.local_epochs, c.data.image_size, c.threads) == (2, 1, 16, 1)
-        assert c.experiment.startswith(f"{spec['table']}_{spec['dataset']}__set-")  # never the full records
+        # never the full records: the overrides' own experiment (after a row's record_tag, if any)
+        # (a derived average_of row is its first source row's run, so it carries that row's tag)
+        source = next((r for r in spec["rows"] if r["label"] == run.row["average_of"][0]), run.row) \
+            if "average_of" in run.row else run.row
+        tag = source.get("record_tag")
+        assert c.experiment.startswith(f"{spec['table']}_{spec['dataset']}{'-' + tag if tag else ''}__set-")
         own = next(r for r in spec["rows"] if r["label"] == run.label).get("partition", {})
         scheme = own.get("scheme", spec["base"].get("partition", {}).get("scheme"))
         expected = spec["base"]["partition"]["num_clients"] if scheme == "natural" else 3
