@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
 from datamodules.base import DATASETS, splittable_datasets
+from datamodules.partition import check_per_class_shards
 from lightning_modules.base import METHODS, FederatedModule
 from lightning_modules.components.prompts import load_prompt_file, match_concepts
 
@@ -237,6 +238,28 @@ def check_ranges(cfg: RunConfig) -> None:
             "a non-empty name without '/'", cfg.experiment)
 
 
+def known_class_count(cfg: RunConfig) -> int | None:
+    """The dataset's number of classes when it is fixed (a class attribute) or readable from folder names;
+    None when the data is missing (the data check reports that)."""
+    cls = DATASETS.get(cfg.data.name)
+    names = inspect.getattr_static(cls, "class_names", None)
+    if isinstance(names, (list, tuple)):
+        return len(names)
+    try:
+        return len(cls(root=cfg.data.root, cache_dir=cfg.data.cache_dir).class_names)
+    except FedbenchError:
+        return None
+
+
+def check_partition(cfg: RunConfig) -> None:
+    """FedNTD's per-class shards need s * N to be a multiple of the number of classes."""
+    p = cfg.partition
+    if p.scheme == "shards" and p.shard_mode == "per_class":
+        num_classes = known_class_count(cfg)
+        if num_classes is not None:
+            check_per_class_shards(p.num_clients, p.shards_per_client, num_classes)
+
+
 def check_precision(cfg: RunConfig) -> None:
     """Only the precisions whose dtype fedbench applies itself (PRECISION_DTYPES, issue 13): modules are
     moved with fabric.to_device, never converted by fabric.setup, so Fabric's half and mixed precisions
@@ -331,6 +354,7 @@ def validate_config(cfg: RunConfig) -> None:
                             "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
     check_ranges(cfg)
+    check_partition(cfg)
     check_precision(cfg)
     check_accelerator(cfg)
     check_launcher(cfg)

@@ -171,17 +171,22 @@ def _shards(
     return [np.sort(np.concatenate([shards[s] for s in row])) for row in assignment]
 
 
-def _shards_per_class(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, per_client: int, num_classes: int
-) -> list[np.ndarray]:
-    """FedNTD's sharding (see the module docstring)."""
+def check_per_class_shards(num_clients: int, per_client: int, num_classes: int) -> None:
+    """FedNTD's sharding cuts every class into s * N / K shards: s * N must be a multiple of K."""
     total = per_client * num_clients
     if total % num_classes:
         raise PartitionError(
             f"shards (per_class): {num_clients} clients x {per_client} shards = {total} shards do not divide "
             f"evenly over the {num_classes} classes (FedNTD cuts every class into s * N / K shards). Choose "
             "num_clients and shards_per_client with s * N a multiple of K, or shard_mode 'sorted'.")
-    per_class = total // num_classes
+
+
+def _shards_per_class(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, per_client: int, num_classes: int
+) -> list[np.ndarray]:
+    """FedNTD's sharding (see the module docstring)."""
+    check_per_class_shards(num_clients, per_client, num_classes)
+    per_class = per_client * num_clients // num_classes
     shards: list[list[np.ndarray]] = []
     for c in range(num_classes):
         idx = rng.permutation(np.flatnonzero(labels == c))

@@ -308,7 +308,7 @@ def build_data_home(home: Path) -> dict[str, Path]:
     write_class_tree(home / "brain-tumor-bt2" / "Training", BT_DIRS, 10, sizes=((512, 512), (256, 256)))
     write_class_tree(home / "brain-tumor-bt2" / "Testing", BT_DIRS, 2, sizes=((512, 512),))
     write_class_tree(out["skin-cancer"] / "Test", SC_DIRS, 2, sizes=((600, 450),))
-    write_cifar10(out["cifar10"], per_batch=20)
+    write_cifar10(out["cifar10"], per_batch=40)  # 20 images per class: shards-10 over 10 clients cuts every class into 10
     write_cifar100(out["cifar100"], np.arange(500) % 100, np.arange(100))
     for split, n in (("train", 10), ("valid", 2), ("test", 3)):
         write_class_tree(out["cinic10"] / split, CINIC_DIRS, n, ext="png", sizes=((32, 32),))

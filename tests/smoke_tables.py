@@ -9,7 +9,8 @@ on a temporary data home holding every dataset in its official archive layout
 (tests/official_layouts.py: Kvasir JPEGs of mixed sizes, OCT-C8 split folders, MedMNIST+ npz,
 FLamby Fed-ISIC2019, RSNA-ICH PNGs, brain-tumour and skin-cancer folders, CIFAR pickles, CINIC
 folders, LEAF JSON, Fashion-MNIST IDX). Budget overrides (``smoke_sets``): 2 rounds x 1 local epoch,
-16 px, 3 clients (natural partitions keep their sites), small client minimum, a 20% validation split,
+16 px, 3 clients (natural partitions keep their sites; per-class shards take the fewest clients above 3 with
+s * N a multiple of the number of classes), small client minimum, a 20% validation split,
 FedBM's generator trained after every round for 2 steps, the small CNN instead of from-scratch
 backbones; offline stand-ins for hub weights (the MiniLM text encoder, the tiny random CLIP, the
 packaged EfficientNet-Lite0 for ImageNet-pretrained backbones), which the rendered tables name in
@@ -65,7 +66,7 @@ def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
         "partition.min_size": MIN_CLIENT_SIZE, "data.cache_dir": str(cache_dir), "threads": 1,
     }
     if not any(r.cfg.partition.scheme == "natural" for r in runs):  # natural partitions keep their sites
-        sets["partition.num_clients"] = CLIENTS
+        sets["partition.num_clients"] = smoke_clients(runs)
     if "text_encoder" in accepted:
         sets["method.args.text_encoder"] = OFFLINE_ALTERNATIVE
     if "clip" in accepted:
@@ -75,6 +76,15 @@ def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
         sets.update({"method.args.gen_start": 1, "method.args.gen_every": 1, "method.args.gen_steps": 2,
                      "method.args.gen_batch": 16})
     return sets
+
+
+def smoke_clients(runs: list) -> int:
+    """CLIENTS, or the fewest clients above it that FedNTD's per-class shards allow (s * N a multiple of K)."""
+    from bench.validation import known_class_count
+
+    needs = {(r.cfg.partition.shards_per_client, known_class_count(r.cfg)) for r in runs
+             if r.cfg.partition.scheme == "shards" and r.cfg.partition.shard_mode == "per_class"}
+    return next(n for n in range(CLIENTS, 10_000) if all(k is None or s * n % k == 0 for s, k in needs))
 
 
 def stand_in_evidence(sets: dict[str, object]) -> list[str]:

@@ -12,10 +12,20 @@ from smoke_tables import check_table, run_config, smoke_sets
 from bench.experiment import method_arg_names
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import load_table_config, plan_runs
+from datamodules.base import DATASETS
 from datamodules.data_home import DATA_HOME_ENV
 from lightning_modules.base import METHODS
 
 CONFIGS = sorted((REPO / "configs" / "tables").glob("*.yaml"))
+
+
+# the fewest clients >= 3 for which every shards-s column of the config cuts each class into whole shards
+PER_CLASS_SHARD_CLIENTS = {"fstcbdg_cifar10": 10, "fstcbdg_cifar100": 10, "fstcbdg_cinic10": 5,
+                           "fstcbdg_fashion-mnist": 5, "fstcbdg_sigma_cifar10": 5, "fstcbdg_sigma_fashion-mnist": 5}
+
+
+def c_classes(cfg) -> list[str]:
+    return DATASETS.get(cfg.data.name).class_names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
@@ -38,8 +48,13 @@ def test_every_config_gets_a_small_offline_budget(config, tmp_path):
         assert c.experiment.startswith(f"{spec['table']}_{spec['dataset']}{'-' + tag if tag else ''}__set-")
         own = next(r for r in spec["rows"] if r["label"] == run.label).get("partition", {})
         scheme = own.get("scheme", spec["base"].get("partition", {}).get("scheme"))
-        expected = spec["base"]["partition"]["num_clients"] if scheme == "natural" else 3
-        assert c.partition.num_clients == expected, run.label  # natural partitions keep their sites
+        # natural partitions keep their sites; FedNTD's per-class shards (FST-CBDG) need s * N to be a multiple
+        # of the classes: shards-2 of 10 classes -> 5 clients, shards-3 -> 10, shards-10 of CIFAR-100's 100 -> 10
+        expected = (spec["base"]["partition"]["num_clients"] if scheme == "natural"
+                    else PER_CLASS_SHARD_CLIENTS.get(config.stem, 3))
+        assert c.partition.num_clients == expected, run.label
+        if c.partition.shard_mode == "per_class" and c.partition.scheme == "shards":
+            assert c.partition.shards_per_client * expected % len(c_classes(c)) == 0, run.label
         accepts = method_arg_names(METHODS.get(c.method.name))
         if "text_encoder" in accepts:
             assert c.method.args["text_encoder"] == "minilm", run.label
