@@ -67,11 +67,14 @@ table-fstcbdg: install
 coverage: install
 	$(BIN)/fedbench coverage $(ARGS)
 
+# Two worker processes (pytest-xdist), one test file per worker at a time (module fixtures run once);
+# TEST_JOBS=1 runs serially.
+TEST_JOBS ?= 2
 test: install
-	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
-	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -m "not ddp and not regression" $(PYTEST_ARGS)
+	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m "not ddp and not regression" $(PYTEST_ARGS)
 
 # Every configs/tables/*.yaml, every row, 1 seed, 2 rounds, 3 clients, 16 px, on generated fixtures in each
 # dataset's official layout with offline weights; fails if any config cannot run (tests/smoke_tables.py).
