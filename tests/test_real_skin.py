@@ -6,31 +6,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from official_layouts import write_real_skin
 
 from bench.core.errors import DatasetNotFoundError
 from datamodules.partition import partition
 from datamodules.real_skin import RealSkin, client_cut
 
-FULL = ["actinic keratosis", "basal cell carcinoma", "dermatofibroma", "melanoma", "nevus",
-        "pigmented benign keratosis", "vascular lesion"]
-CODES = ["akiec", "bcc", "df", "mel", "nv", "bkl", "vasc"]  # HAM10000's spelling, accepted too
 PER_CLASS = {"client_0": 3, "client_1": 6, "client_2": 4, "client_3": 2}
 
 
-def shade(label: int, client: int) -> tuple[int, int, int]:
-    return (20 + 30 * label, 40 * client, 90)
-
-
 def build_real(tmp: Path) -> Path:
-    root = tmp / "data" / "RealSkin"
-    for client, (name, n) in enumerate(PER_CLASS.items()):
-        dirs = CODES if name == "client_2" else FULL
-        for label, d in enumerate(dirs):
-            folder = root / name / d
-            folder.mkdir(parents=True)
-            for i in range(n):
-                Image.new("RGB", (20 + i, 16), shade(label, client)).save(folder / f"ISIC_{client}{label}{i}.jpg")
+    write_real_skin(tmp / "data" / "RealSkin", PER_CLASS)  # the official layout (HAM10000's folders by code)
     return tmp / "data"
 
 
