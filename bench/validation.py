@@ -155,9 +155,13 @@ def check_prompts(cfg: RunConfig) -> None:
         return
     file = load_prompt_file(path)
     if file.concepts:
-        d = cfg.data
-        class_names = DATASETS.get(d.name)(root=d.root, cache_dir=d.cache_dir).class_names
-        match_concepts(file, d.name, list(class_names))
+        match_concepts(file, cfg.data.name, dataset_class_names(cfg))
+
+
+def dataset_class_names(cfg: RunConfig) -> list[str]:
+    """The dataset's class names without decoding an image (folder names, for class-folder)."""
+    d = cfg.data
+    return list(DATASETS.get(d.name)(root=d.root, cache_dir=d.cache_dir).class_names)
 
 
 # ---- fed.protocol --------------------------------------------------------------------------------
@@ -246,7 +250,7 @@ def known_class_count(cfg: RunConfig) -> int | None:
     if isinstance(names, (list, tuple)):
         return len(names)
     try:
-        return len(cls(root=cfg.data.root, cache_dir=cfg.data.cache_dir).class_names)
+        return len(dataset_class_names(cfg))
     except FedbenchError:
         return None
 

@@ -12,7 +12,7 @@ from smoke_tables import check_table, run_config, smoke_sets
 from bench.experiment import method_arg_names
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import load_table_config, plan_runs
-from datamodules.base import DATASETS
+from bench.validation import known_class_count
 from datamodules.data_home import DATA_HOME_ENV
 from lightning_modules.base import METHODS
 
@@ -22,10 +22,6 @@ CONFIGS = sorted((REPO / "configs" / "tables").glob("*.yaml"))
 # the fewest clients >= 3 for which every shards-s column of the config cuts each class into whole shards
 PER_CLASS_SHARD_CLIENTS = {"fstcbdg_cifar10": 10, "fstcbdg_cifar100": 10, "fstcbdg_cinic10": 5,
                            "fstcbdg_fashion-mnist": 5, "fstcbdg_sigma_cifar10": 5, "fstcbdg_sigma_fashion-mnist": 5}
-
-
-def c_classes(cfg) -> list[str]:
-    return DATASETS.get(cfg.data.name).class_names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
@@ -54,7 +50,7 @@ def test_every_config_gets_a_small_offline_budget(config, tmp_path):
                     else PER_CLASS_SHARD_CLIENTS.get(config.stem, 3))
         assert c.partition.num_clients == expected, run.label
         if c.partition.shard_mode == "per_class" and c.partition.scheme == "shards":
-            assert c.partition.shards_per_client * expected % len(c_classes(c)) == 0, run.label
+            assert c.partition.shards_per_client * expected % known_class_count(c) == 0, run.label
         accepts = method_arg_names(METHODS.get(c.method.name))
         if "text_encoder" in accepts:
             assert c.method.args["text_encoder"] == "minilm", run.label
