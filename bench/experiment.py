@@ -1,6 +1,7 @@
 """One experiment end to end: data -> partition -> method -> rounds (or central) -> record."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -16,6 +17,7 @@ from lightning.fabric.loggers import CSVLogger
 from bench.central import as_one_client
 from bench.code_version import code_version
 from bench.config import RunConfig
+from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
@@ -23,8 +25,10 @@ from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings
 from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
-from bench.records import git_commit, record_path, summarise
+from bench.records import git_commit, rank_idle, record_path, summarise
+from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
+from bench.workers import resolve_workers
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
@@ -51,6 +55,7 @@ class RunObserver:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
+    """Fabric for ``cfg`` (``devices`` resolved: an int, see bench/workers.py)."""
     from lightning.fabric.strategies import DDPStrategy
 
     strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if cfg.devices > 1 else "auto"
@@ -116,12 +121,25 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
+def execution_record(fabric: Fabric) -> dict[str, Any]:
+    """How this run executed (it does not change the numbers): ranks, torch threads per rank and
+    the C allocator's policy (bench/core/allocator.py)."""
+    return {"ranks": fabric.world_size, "threads_per_rank": torch.get_num_threads(),
+            "allocator": allocator_status()}
+
+
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
                    observer: RunObserver | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
     the caller passes bench.reporting.wandb_logger.wandb_observer(cfg))."""
+    apply_allocator_policy()  # once per process; a no-op when the CLI did it
     validate_config(cfg)
+    if fabric is None:
+        cfg, layout = resolve_workers(cfg, METHODS.get(cfg.method.name).runs_centrally)
+    else:  # the caller's Fabric decides
+        cfg, layout = copy.deepcopy(cfg), "the caller's Fabric"
+        cfg.devices = fabric.world_size
     check_outputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -139,9 +157,10 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
                      groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob)
     module = build_module(cfg, dm)
     fabric.to_device(module)
+    apply_speed_options(module, cfg.channels_last, cfg.compile)
     device = fabric.device
-    train = to_device(dm.train, dm, device)
-    val, test = to_device(dm.val, dm, device), to_device(dm.test, dm, device)
+    train, val, test = (with_channels_last(to_device(s, dm, device), cfg.channels_last)
+                        for s in (dm.train, dm.val, dm.test))
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     observer = observer or RunObserver()
@@ -179,6 +198,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
+        "execution": {**execution_record(fabric), "layout": layout, "rank_idle": rank_idle(history)},
     }
     resumed = fed.checkpointer.resumed if fed is not None else None
     if resumed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import math
+import shutil
 import tempfile
 import types
 import typing
@@ -179,6 +180,8 @@ def check_ranges(cfg: RunConfig) -> None:
     for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
         if getattr(f, name) < 1:
             raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(f, name)}.")
+    require(f.eval_batch_size is None or f.eval_batch_size >= 1, "fed.eval_batch_size", ">= 1 (or null: automatic)",
+            f.eval_batch_size)
     if not (finite(f.sample_ratio) and 0.0 < f.sample_ratio <= 1.0):
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {f.sample_ratio}.")
     require(finite(f.lr_decay) and 0 < f.lr_decay <= 1, "fed.lr_decay", "in (0, 1] (the lr is multiplied by it "
@@ -192,7 +195,7 @@ def check_ranges(cfg: RunConfig) -> None:
     require(finite(m.weight_decay) and m.weight_decay >= 0, "method.weight_decay", "a finite number >= 0",
             m.weight_decay)
     require(cfg.seed >= 0, "seed", ">= 0", cfg.seed)
-    require(cfg.devices >= 1, "devices", ">= 1", cfg.devices)
+    require(cfg.devices == "auto" or cfg.devices >= 1, "devices", ">= 1 or auto", cfg.devices)
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
     require(finite(cfg.timeout) and cfg.timeout > 0, "timeout", "a number of minutes > 0", cfg.timeout)
@@ -210,10 +213,13 @@ def check_accelerator(cfg: RunConfig) -> None:
         raise FedbenchError(f"--accelerator {acc} was requested but this machine has no "
                             f"{'CUDA' if acc == 'cuda' else 'Apple MPS' if acc == 'mps' else 'GPU'} available; "
                             "use --accelerator cpu (or auto).")
-    if acc in ("cuda", "gpu") and cuda and cfg.devices > CUDAAccelerator.auto_device_count():
+    if acc in ("cuda", "gpu") and cuda and cfg.devices != "auto" and cfg.devices > CUDAAccelerator.auto_device_count():
         raise FedbenchError(f"--devices {cfg.devices} but this machine has {CUDAAccelerator.auto_device_count()} "
                             "CUDA GPU(s).")
     on_cpu = acc == "cpu" or (acc == "auto" and not (cuda or mps))
+    if cfg.compile and on_cpu and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise FedbenchError("--compile true on CPU needs a C++ compiler (torch.compile builds its kernels with "
+                            "g++ or clang++), and none is on PATH; install one (apt-get install g++) or drop --compile.")
     if on_cpu and cfg.precision == "16-mixed":
         raise FedbenchError("--precision 16-mixed needs a CUDA GPU (fp16 autocast is not supported on CPU, where "
                             "Fabric would silently switch to bf16-mixed); use bf16-mixed or 32-true.")
