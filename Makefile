@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench bench-round lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -56,8 +56,14 @@ regression-update: install
 	@test -n "$(REASON)" || { echo 'usage: make regression-update REASON="why the numbers moved" [ARGS="--only fedavg"]'; exit 2; }
 	$(OFFLINE) $(BIN)/fedbench regression --update --reason "$(REASON)" $(ARGS)
 
+# Speed on an idle machine, each loop in its own process (bench/reporting/perf.py): local training vs a bare
+# loop with and without allocator churn, speed options, cores as client workers, the per-round case, FACMIC's cache
 bench: install
 	$(OFFLINE) $(BIN)/fedbench bench $(ARGS)
+
+# The per-round case alone (issue 19's workload: full Fashion-MNIST, ResNet-18, 3 rounds; several minutes)
+bench-round: install
+	$(OFFLINE) $(BIN)/fedbench bench --cases round $(ARGS)
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests
