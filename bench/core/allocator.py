@@ -10,12 +10,22 @@ page faults per step, paid in kernel time. Setting both thresholds once at start
 - ``M_MMAP_THRESHOLD`` = 32 MiB (glibc's maximum on 64-bit): buffers up to 32 MiB come from the heap;
 - ``M_TRIM_THRESHOLD`` = 2 GiB - 1 (the largest value ``mallopt`` takes): a freed top of heap is kept.
 
-Measured (``fedbench bench``, and tests/test_allocator.py): ResNet-18, 28 px, batch 32, one thread:
-5,790 minor faults per step and system time 7.6% of user time with glibc's defaults; 444 and 0.7%
-with this policy. The trim threshold matters as much as the mmap one: 32 MiB / 64 MiB still faulted
-2,071 times per step; with the trim threshold alone glibc stops adapting the mmap threshold and every
-buffer over 128 KiB is mapped per use (61,690 faults per step, system time 86% of user time).
-The cost: a process keeps up to its peak heap (what the next step needs anyway).
+How the thresholds were chosen (fedbench's local loop, ResNet-18, 28 px, batch 32, one thread, minor
+page faults per step after a warm-up epoch; bench/reporting/loop_probe.py; glibc 2.36):
+
+    mmap / trim threshold         faults per step   system / user time
+    glibc's defaults (adaptive)   3,127-5,790       4.6-7.6%
+    32 MiB / default              5,035             9.4%
+    default / 2 GiB               61,690            86%   (fixing one threshold stops the adaptation:
+                                                            every buffer over 128 KiB is mapped per use)
+    4 MiB / 2 GiB                 16,079            26%
+    32 MiB / 64 MiB               2,071             1.9%
+    32 MiB / 256 MiB              0-221             0.2%
+    32 MiB / 2 GiB (this policy)  0-219             0.1-0.7%  (residues: one-off heap growth in short runs)
+
+32 MiB is the largest mmap threshold glibc accepts; 2 GiB - 1 the largest trim threshold ``mallopt``
+takes (an int). The cost: a process keeps its peak heap (what the next step needs anyway). Buffers
+over 32 MiB (large images or batches) are still mapped per use.
 
 ``apply_allocator_policy`` is called by every process fedbench starts (the CLI, which is also what
 Fabric relaunches as DDP ranks; ``run_experiment``; the table's job workers). It does nothing off
