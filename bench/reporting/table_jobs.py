@@ -20,13 +20,15 @@ from bench.core.errors import FedbenchError
 from bench.workers import auto_layout, clients_per_round, cpu_cores
 
 
-def table_devices(runs: list, requested: int | str | None, jobs: int) -> tuple[int, int | None]:
-    """(ranks, threads for runs that set none) of the table's runs. ``requested``: --devices or the
-    config's ``devices`` (None: "auto"); with ``jobs`` > 1 every run has one rank."""
+def table_devices(runs: list, flag: int | None, configured: int | str | None, jobs: int) -> tuple[int, int | None]:
+    """(ranks, threads for runs that set none) of the table's runs: ``flag`` (--devices), else the
+    config's ``devices``, else "auto"; with ``jobs`` > 1 every run has one rank (the config's devices
+    give way; an explicit --devices above 1 is refused)."""
     if jobs > 1:
-        if requested not in (None, 1, "auto"):
-            raise FedbenchError(f"--jobs {jobs} runs every run on one rank; drop --devices {requested} (or use --jobs 1).")
+        if flag not in (None, 1):
+            raise FedbenchError(f"--jobs {jobs} runs every run on one rank; drop --devices {flag} (or use --jobs 1).")
         return 1, max(1, cpu_cores() // jobs)
+    requested = flag or configured
     if requested not in (None, "auto"):
         return int(requested), None
     widest = max(clients_per_round(r.cfg) for r in runs)

@@ -205,7 +205,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args) -> None:
 
     if args.jobs < 1:
         raise FedbenchError(f"--jobs must be >= 1, got {args.jobs}.")
-    devices, threads = table_devices(runs, args.devices or spec.get("devices"), args.jobs)
+    devices, threads = table_devices(runs, args.devices, spec.get("devices"), args.jobs)
     for r in runs:
         r.cfg.devices = devices
         r.cfg.threads = r.cfg.threads or threads
