@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench bench-round lint clean-results
+.PHONY: install data table2 table-ablation table-fednpr table-facmic table-fstcbdg coverage test test-fast regression-update bench bench-round bench-table2 lint clean-results
 
 # A venv with the pinned torch pair from constraints.txt, then the package (editable) with dev tools.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -64,6 +64,10 @@ bench: install
 # The per-round case alone (issue 19's workload: full Fashion-MNIST, ResNet-18, 3 rounds; several minutes)
 bench-round: install
 	$(OFFLINE) $(BIN)/fedbench bench --cases round $(ARGS)
+
+# The offline table2 (every run forced) with its configured 2 ranks vs --jobs 2: wall time of each (~25 min)
+bench-table2: install
+	$(OFFLINE) $(BIN)/fedbench bench --cases table2 $(ARGS)
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

@@ -13,6 +13,8 @@ allocator behaviour too. Cases (``--cases``, default all):
   once (the default layout of ``fedbench run`` on a multi-core CPU, bench/workers.py).
 - ``round``: the per-round case of issue 19 (bench/reporting/perf_round.py), also ``make bench-round``.
 - ``clip``: FACMIC's feature-cache speed-up (bench/reporting/perf_clip.py).
+- ``table2`` (not in the default set): the offline table2 with its 2 ranks vs ``--jobs 2``
+  (bench/reporting/perf_table.py), also ``make bench-table2``.
 
 Results go to results/bench/perf.json (sections not run keep their previous values).
 """
@@ -33,7 +35,8 @@ from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 from bench.workers import CPU_LAYOUT, cpu_cores
 
-CASES = ("loops", "options", "workers", "round", "clip")
+CASES = ("loops", "options", "workers", "round", "clip", "table2")
+DEFAULT_CASES = CASES[:-1]  # table2 (two full offline tables, ~25 min) runs on request: make bench-table2
 # glibc's own environment equivalent of fedbench's policy, for the churn-free reference loop
 CHURN_FREE_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 LOOP_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
@@ -51,7 +54,6 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
     """This process's environment without allocator settings, plus ``extra``; PYTHONPATH points here."""
     env = {k: v for k, v in os.environ.items() if k not in GLIBC_ENV and k != OPT_OUT_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")  # each probe sets its torch threads itself
     return {**env, **extra}
 
 
@@ -176,7 +178,7 @@ def load_report(path: Path) -> dict:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fedbench bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(DEFAULT_CASES))
     parser.add_argument("--backbones", nargs="+", default=["resnet18", "simple-cnn"])
     parser.add_argument("--samples", type=int, default=2048, help="training samples per timed epoch")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -187,6 +189,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--round-rounds", type=int, default=3, help="round case: rounds")
     parser.add_argument("--round-samples", type=int, default=None,
                         help="round case: cap on training images (default: all of Fashion-MNIST)")
+    parser.add_argument("--jobs", type=int, default=2, help="table2 case: --jobs of the concurrent variant")
     parser.add_argument("--skip-clip", action="store_true", help="same as leaving 'clip' out of --cases")
     parser.add_argument("--out", default="results/bench/perf.json")
     args = parser.parse_args(argv)
@@ -212,6 +215,11 @@ def main(argv: list[str]) -> int:
 
         report["facmic_cache"] = facmic_cache_speedup()
         print(f"FACMIC per-round time with the feature cache vs re-encoding: {report['facmic_cache']}")
+    if "table2" in cases:
+        from bench.reporting.perf_table import print_table2, table2_case
+
+        report["table2"] = table2_case(args.jobs)
+        print_table2(report["table2"])
     write_json(out, report)
     print(f"written: {out}")
     return 0
