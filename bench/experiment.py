@@ -5,6 +5,7 @@ import copy
 import hashlib
 import json
 import math
+import resource
 import sys
 import time
 from pathlib import Path
@@ -128,12 +129,33 @@ def execution_record(fabric: Fabric) -> dict[str, Any]:
             "allocator": allocator_status()}
 
 
+USAGE_FIELDS = ("user_seconds", "system_seconds", "minor_faults", "major_faults")
+
+
+def process_usage() -> torch.Tensor:
+    """This process's CPU time (user, system, seconds) and page faults (minor, major) so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return torch.tensor([r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_majflt], dtype=torch.float64)
+
+
+def ranks_cpu_usage(fabric: Fabric, since: torch.Tensor) -> dict[str, list[float]]:
+    """Each rank's CPU time and page faults since ``since`` (its own ``process_usage`` at the start of
+    the run), gathered with one all-reduce: what the whole run cost the machine, rank by rank."""
+    table = torch.zeros(fabric.world_size, len(USAGE_FIELDS), dtype=torch.float64, device=fabric.device)
+    table[fabric.global_rank] = (process_usage() - since).to(fabric.device)
+    if fabric.world_size > 1:
+        with waiting_on(fabric, "the CPU-usage all-reduce at the end of the run"):
+            fabric.all_reduce(table, reduce_op="sum")
+    return {name: table[:, i].tolist() for i, name in enumerate(USAGE_FIELDS)}
+
+
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
                    observer: RunObserver | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
     the caller passes bench.reporting.wandb_logger.wandb_observer(cfg))."""
     apply_allocator_policy()  # once per process; a no-op when the CLI did it
+    usage_at_start = process_usage()
     validate_config(cfg)
     if fabric is None:
         cfg, layout = resolve_workers(cfg, METHODS.get(cfg.method.name).runs_centrally)
@@ -180,6 +202,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         # while the others train, so it must not give up after --timeout.
         with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):
             history = fed.run()
+            cpu = ranks_cpu_usage(fabric, usage_at_start)
     except BaseException:
         observer.finish(exit_code=1)
         raise
@@ -198,7 +221,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None,
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
-        "execution": {**execution_record(fabric), "layout": layout, "rank_idle": rank_idle(history)},
+        "execution": {**execution_record(fabric), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},
     }
     resumed = fed.checkpointer.resumed if fed is not None else None
     if resumed:

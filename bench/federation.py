@@ -1,4 +1,4 @@
-"""The Fabric round orchestrator: each rank simulates a fixed shard of clients; one all-reduce a round."""
+"""The Fabric round orchestrator: each rank trains its share of a round's clients; one all-reduce a round."""
 from __future__ import annotations
 
 import math

@@ -195,7 +195,7 @@ def check_ranges(cfg: RunConfig) -> None:
     require(finite(m.weight_decay) and m.weight_decay >= 0, "method.weight_decay", "a finite number >= 0",
             m.weight_decay)
     require(cfg.seed >= 0, "seed", ">= 0", cfg.seed)
-    require(cfg.devices == "auto" or cfg.devices >= 1, "devices", ">= 1 or auto", cfg.devices)
+    require(cfg.devices == "auto" or cfg.devices >= 1, "devices", ">= 1", cfg.devices)
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
     require(finite(cfg.timeout) and cfg.timeout > 0, "timeout", "a number of minutes > 0", cfg.timeout)

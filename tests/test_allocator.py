@@ -42,6 +42,8 @@ def test_run_record_says_how_it_executed(tiny_cfg):
     assert (ex["ranks"], ex["threads_per_rank"], ex["layout"]) == (1, 1, "the caller's Fabric")
     idle = ex["rank_idle"]  # one rank never waits for another
     assert idle["idle_seconds"] == [0.0] and idle["idle_share"] == 0.0 and idle["busy_seconds"][0] > 0
+    cpu = ex["cpu"]  # the run's own CPU time and page faults (this process ran other tests before)
+    assert cpu["user_seconds"][0] > 0 and cpu["minor_faults"][0] >= 0 and len(cpu["system_seconds"]) == 1
 
 
 def probe(**env: str) -> dict:

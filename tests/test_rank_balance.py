@@ -33,3 +33,5 @@ def test_spread_clients_two_ranks_equal_one_rank(tiny_cfg):
     summary = rec2["execution"]["rank_idle"]
     assert len(summary["idle_seconds"]) == 2 and 0.0 <= summary["idle_share"] < 1.0
     assert rec2["execution"]["ranks"] == 2 and rec2["execution"]["threads_per_rank"] == 1
+    cpu = rec2["execution"]["cpu"]  # both ranks' own CPU time, gathered by rank 0
+    assert len(cpu["user_seconds"]) == 2 and min(cpu["user_seconds"]) > 0

@@ -5,13 +5,12 @@ full Fashion-MNIST (54,000 training images, 6,000 validation, 10,000 test), 10 c
 
 It runs `fedbench run` in a fresh process and reads the record: per round, training seconds (until
 the slowest rank reaches the all-reduce), evaluation seconds, the rest, samples/s and each rank's idle
-time at the all-reduce; for the whole process tree (all ranks), user and system CPU time and page
-faults (getrusage of the waited-for children).
+time at the all-reduce; for the whole run, user and system CPU time and page faults summed over the
+ranks (the record's ``execution.cpu``: each rank's own getrusage, gathered at the end of the run).
 """
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,9 +30,11 @@ CASE = ["--data.name", "fashion-mnist", "--partition.scheme", "dirichlet", "--pa
         "--seed", "0", "--experiment", "bench-round", "--progress", "false"]
 
 
-def children_usage() -> dict[str, float]:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"user_s": r.ru_utime, "system_s": r.ru_stime, "minor_faults": r.ru_minflt, "major_faults": r.ru_majflt}
+def run_usage(record: dict) -> dict[str, float]:
+    """CPU seconds and page faults of the run, summed over its ranks."""
+    cpu = record["execution"]["cpu"]
+    return {"user_s": sum(cpu["user_seconds"]), "system_s": sum(cpu["system_seconds"]),
+            "minor_faults": int(sum(cpu["minor_faults"])), "major_faults": int(sum(cpu["major_faults"]))}
 
 
 def round_rows(record: dict) -> list[dict[str, Any]]:
@@ -62,15 +63,14 @@ def round_case(rounds: int = 3, max_train_samples: int | None = None, cache_dir:
         if cache_dir:
             args += ["--data.cache_dir", cache_dir]
         args += extra_args or []
-        before, t = children_usage(), time.perf_counter()
+        t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *args], env=clean_env({}), cwd=REPO_ROOT,
                               capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t
-        after = children_usage()
         if proc.returncode != 0:
             raise FedbenchError(f"the per-round case failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         record = json.loads(next(Path(out, "bench-round").glob("*.json")).read_text())
-    used = {k: after[k] - before[k] for k in before}
+    used = run_usage(record)
     rows = round_rows(record)
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("training_s", "evaluation_s", "other_s", "total_s")}
     mean["samples_per_s"] = sum(r["samples"] for r in rows) / sum(r["training_s"] for r in rows)
@@ -95,7 +95,7 @@ def print_round(r: dict) -> None:
     m = r["mean"]
     print(f"  mean: training {m['training_s']:.2f} s, evaluation {m['evaluation_s']:.2f} s, other {m['other_s']:.2f} s, "
           f"total {m['total_s']:.2f} s per round; {m['samples_per_s']:.0f} training samples/s")
-    print(f"  all processes: user {r['user_s']:.1f} s, system {r['system_s']:.1f} s ({r['system_over_user']:.1%} of user), "
+    print(f"  all ranks: user {r['user_s']:.1f} s, system {r['system_s']:.1f} s ({r['system_over_user']:.1%} of user), "
           f"{r['minor_faults']:,} minor / {r['major_faults']:,} major page faults; start-up {r['startup_s']:.1f} s; "
           f"best test accuracy {r['best_test_accuracy']:.2f}% (round {r['best_round']})")
     peers = ", ".join(f"{p} {s:.2f} s (goal <= {GOAL_FRACTION[p]:.2f}x = {s * GOAL_FRACTION[p]:.1f} s)"
