@@ -21,7 +21,10 @@ def apply_speed_options(module: torch.nn.Module, channels_last: bool, compile_ba
     if compile_backbone:
         backbone = getattr(module, "backbone", None)
         if isinstance(backbone, torch.nn.Module):
-            backbone.compile()  # in place: keeps the state-dict keys (no ``_orig_mod.`` prefix)
+            # in place (the state-dict keys keep no ``_orig_mod.`` prefix); dynamic from the first call, so
+            # every batch size runs the same kernels whatever order a rank meets them in (a kernel
+            # specialised to the first size seen would make the result depend on the rank count)
+            backbone.compile(dynamic=True)
 
 
 def with_channels_last(data: DeviceData | None, channels_last: bool) -> DeviceData | None:
