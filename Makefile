@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench lint clean-results
+.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -86,8 +86,18 @@ regression-update: install
 	@test -n "$(REASON)" || { echo 'usage: make regression-update REASON="why the numbers moved" [ARGS="--only fedavg"]'; exit 2; }
 	$(OFFLINE) $(BIN)/fedbench regression --update --reason "$(REASON)" $(ARGS)
 
+# Speed on an idle machine, each loop in its own process (bench/reporting/perf.py): local training vs a bare
+# loop with and without allocator churn, speed options, cores as client workers, the per-round case, FACMIC's cache
 bench: install
 	$(OFFLINE) $(BIN)/fedbench bench $(ARGS)
+
+# The per-round case alone (issue 19's workload: full Fashion-MNIST, ResNet-18, 3 rounds; several minutes)
+bench-round: install
+	$(OFFLINE) $(BIN)/fedbench bench --cases round $(ARGS)
+
+# The offline table2 (every run forced) with its configured 2 ranks vs --jobs 2: wall time of each (~25 min)
+bench-table2: install
+	$(OFFLINE) $(BIN)/fedbench bench --cases table2 $(ARGS)
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

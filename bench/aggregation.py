@@ -58,6 +58,10 @@ class RoundBuffer:
         self.buf[self.weight_at] += weight
         self.extras.add(self.buf[self.extras_at : self.fail_at], extras)
 
+    def add_extras(self, extras: dict[str, torch.Tensor]) -> None:
+        """Add uploads that belong to no client (a rank's own timings)."""
+        self.extras.add(self.buf[self.extras_at : self.fail_at], extras)
+
     def mark_failure(self) -> None:
         self.buf[self.fail_at] += 1
 

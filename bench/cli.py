@@ -18,12 +18,15 @@ import warnings
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
+from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
     "resume": "true: continue from the latest checkpoint, refused if it was written under another config, code "
               "or data; force: continue anyway (the record lists the differences)",
+    "devices": "ranks (Fabric processes); auto: one 1-thread rank per core on a multi-core CPU, each training "
+               "its own clients (one rank for a central run or on a GPU); see bench/workers.py",
     "timeout": "minutes a rank waits for the others at a round's collective before giving up with an error",
 }
 
@@ -40,6 +43,7 @@ def run_parser() -> ArgumentParser:
     parser.add_argument("--data-home", type=str | None, default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, "
                              "else ./data); an explicit --data.root wins")
+    parser.set_defaults(devices="auto")  # the command's default: the cores as client workers (bench/workers.py)
     return parser
 
 
@@ -72,6 +76,7 @@ PYTHON_SHOW = warnings.showwarning
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    apply_allocator_policy()  # before torch allocates anything (bench/core/allocator.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning
     if not argv or argv[0] in ("-h", "--help"):
@@ -85,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = parse_run(rest)
             record = run_experiment(cfg, observer=wandb_observer(cfg))
-            if record:
+            from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+            if record and rank_zero_only.rank == 0:  # one line, not one per rank
                 best = record.get("best", {})
                 shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items()
                           if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")

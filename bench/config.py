@@ -77,6 +77,12 @@ class FedConfig:
     client_test: Literal["carved", "site"] = "carved"
     client_test_fraction: float = 0.2
     eval_every: int = 1
+    # which evaluated rounds also score the test set (global protocol): "all", or "val_improves": the
+    # rounds whose validation metrics improve (by accuracy or FedBM's sum of five) and the final round,
+    # which gives the same test metrics at the best-validation round and at the end, for less work
+    test_rounds: Literal["all", "val_improves"] = "val_improves"
+    # samples per evaluation batch; null: as many as fit 2M input values, 256..4096 (bench/evaluation.py)
+    eval_batch_size: int | None = field(default=None, metadata=EXECUTION)
     # what is evaluated (bench/reporting/protocols.py): None = the method's own protocol; "global"
     # scores the global model (FedRep: averaged body + initial head; FedRoD: its generic head),
     # "per_client" each client's model on its own test split, "local_mean" each client's model on
@@ -108,11 +114,16 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
-    devices: int = field(default=1, metadata=EXECUTION)  # ranks per node (torchrun's --nproc-per-node)
+    # ranks per node (torchrun's --nproc-per-node); "auto" (the CLI's default): one 1-thread rank per core on a
+    # multi-core CPU (bench/workers.py)
+    devices: int | Literal["auto"] = field(default=1, metadata=EXECUTION)
     num_nodes: int = field(default=1, metadata=EXECUTION)  # machines, launched by torchrun or SLURM (README)
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
     precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)
+    # speed options (bench/speed_options.py): NHWC weights and image batches; torch.compile of the backbone
+    channels_last: bool = field(default=False, metadata=EXECUTION)
+    compile: bool = field(default=False, metadata=EXECUTION)
     output_dir: str = field(default="results/runs", metadata=EXECUTION)
     checkpoint_dir: str = field(default="results/checkpoints", metadata=EXECUTION)
     checkpoint_every: int = field(default=0, metadata=EXECUTION)  # rounds; 0 = never

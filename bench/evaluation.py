@@ -7,6 +7,19 @@ from bench.core.batches import DeviceData
 from bench.liveness import waiting_on
 from bench.metrics import classification_metrics
 
+EVAL_VALUES = 2**21  # input values per evaluation batch when fed.eval_batch_size is null (8 MiB as float32)
+EVAL_BATCH_RANGE = (256, 4096)
+
+
+def eval_batch_size(data: DeviceData, requested: int | None = None) -> int:
+    """``requested``, or as many samples as fit EVAL_VALUES input values, within EVAL_BATCH_RANGE:
+    4096 images of 16 px, 2674 of 28 px, 256 (the floor) from 90 px RGB up."""
+    if requested:
+        return requested
+    per_sample = max(1, data.images[0].numel()) if len(data.images) else 1
+    low, high = EVAL_BATCH_RANGE
+    return max(low, min(high, EVAL_VALUES // per_sample))
+
 
 @torch.no_grad()
 def predict_probs(module, data: DeviceData, index: torch.Tensor, fabric, batch_size: int = 256,
@@ -40,7 +53,8 @@ def evaluate_sharded(module, data: DeviceData, fabric, num_classes: int, batch_s
     return classification_metrics(probs, data.labels, num_classes)
 
 
-def evaluate_local(module, data: DeviceData, index: torch.Tensor, fabric, num_classes: int) -> dict[str, float]:
+def evaluate_local(module, data: DeviceData, index: torch.Tensor, fabric, num_classes: int,
+                   batch_size: int = 256) -> dict[str, float]:
     """Evaluate on samples of one rank only (a client's own test split)."""
-    probs = predict_probs(module, data, index, fabric)
+    probs = predict_probs(module, data, index, fabric, batch_size)
     return classification_metrics(probs, data.labels[index], num_classes)

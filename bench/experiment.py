@@ -1,9 +1,11 @@
 """One experiment end to end: data -> partition -> method -> rounds (or central) -> record."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
+import resource
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from lightning.fabric.loggers import CSVLogger
 from bench.central import as_one_client
 from bench.code_version import code_version
 from bench.config import PRECISION_DTYPES, RunConfig
+from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
@@ -24,8 +27,10 @@ from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings
 from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
-from bench.records import git_commit, package_versions, record_path, summarise
+from bench.records import git_commit, package_versions, rank_idle, record_path, summarise
+from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
+from bench.workers import resolve_workers
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
 from datamodules.partition import partition, plot_partition
@@ -53,7 +58,7 @@ class RunObserver:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
-    """Fabric on cfg.devices ranks per node x cfg.num_nodes nodes. Under torchrun or SLURM, Fabric takes the
+    """Fabric on cfg.devices (resolved: an int, bench/workers.py) ranks per node x cfg.num_nodes nodes. Under torchrun or SLURM, Fabric takes the
     ranks from the launcher's environment (TorchElasticEnvironment / SLURMEnvironment) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
@@ -182,13 +187,47 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
+def execution_record(fabric: Fabric) -> dict[str, Any]:
+    """How this run executed (it does not change the numbers): ranks, torch threads per rank and
+    the C allocator's policy (bench/core/allocator.py)."""
+    return {"ranks": fabric.world_size, "threads_per_rank": torch.get_num_threads(),
+            "allocator": allocator_status()}
+
+
+USAGE_FIELDS = ("user_seconds", "system_seconds", "minor_faults", "major_faults")
+
+
+def process_usage() -> torch.Tensor:
+    """This process's CPU time (user, system, seconds) and page faults (minor, major) so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return torch.tensor([r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_majflt], dtype=torch.float64)
+
+
+def ranks_cpu_usage(fabric: Fabric, since: torch.Tensor) -> dict[str, list[float]]:
+    """Each rank's CPU time and page faults since ``since`` (its own ``process_usage`` at the start of
+    the run), gathered with one all-reduce: what the whole run cost the machine, rank by rank."""
+    table = torch.zeros(fabric.world_size, len(USAGE_FIELDS), dtype=torch.float64, device=fabric.device)
+    table[fabric.global_rank] = (process_usage() - since).to(fabric.device)
+    if fabric.world_size > 1:
+        with waiting_on(fabric, "the CPU-usage all-reduce at the end of the run"):
+            fabric.all_reduce(table, reduce_op="sum")
+    return {name: table[:, i].tolist() for i, name in enumerate(USAGE_FIELDS)}
+
+
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunObserver | None = None,
                    annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
     the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
     entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
+    apply_allocator_policy()  # once per process; a no-op when the CLI did it
+    usage_at_start = process_usage()
     validate_config(cfg)
+    if fabric is None:
+        cfg, layout = resolve_workers(cfg, METHODS.get(cfg.method.name).runs_centrally)
+    else:  # the caller's Fabric decides
+        cfg, layout = copy.deepcopy(cfg), "the caller's Fabric"
+        cfg.devices = fabric.world_size
     check_outputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -206,13 +245,13 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
                      shard_mode=p.shard_mode, client_proportions=p.proportions)
     module = build_module(cfg, dm)
     fabric.to_device(module)
-    dtype = PRECISION_DTYPES[cfg.precision]
+    dtype = PRECISION_DTYPES.get(cfg.precision, torch.float32)  # bf16-mixed: float32 weights under autocast
     if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
         module.to(dtype)
+    apply_speed_options(module, cfg.channels_last, cfg.compile)
     device = fabric.device
-    train = to_device(dm.train, dm, device, dtype)
-    val = None if dm.val is None else to_device(dm.val, dm, device, dtype)
-    test = to_device(dm.test, dm, device, dtype)
+    train, val, test = (None if s is None else with_channels_last(to_device(s, dm, device, dtype), cfg.channels_last)
+                        for s in (dm.train, dm.val, dm.test))
     train, val, test = module.prepare_splits(train, val, test)
     counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
     observer = observer or RunObserver()
@@ -232,6 +271,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         # while the others train, so it must not give up after --timeout.
         with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):
             history = fed.run()
+            cpu = ranks_cpu_usage(fabric, usage_at_start)
     except BaseException:
         observer.finish(exit_code=1)
         raise
@@ -252,6 +292,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
+        "execution": {**execution_record(fabric), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},
     }
     resumed = fed.checkpointer.resumed if fed is not None else None
     if resumed:

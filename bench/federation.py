@@ -1,6 +1,7 @@
-"""The Fabric round orchestrator: each rank simulates a fixed shard of clients; one all-reduce a round."""
+"""The Fabric round orchestrator: each rank trains its share of a round's clients; one all-reduce a round."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,13 +15,16 @@ from bench.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
-from bench.evaluation import evaluate_local, evaluate_sharded
+from bench.evaluation import eval_batch_size, evaluate_local, evaluate_sharded
 from bench.health import check_finite_state
 from bench.liveness import set_round, waiting_on
-from bench.metrics import METRIC_NAMES
-from lightning_modules.base import ClientContext, FederatedModule
+from bench.metrics import METRIC_NAMES, VAL_SCORES
+from bench.placement import assign_clients
+from lightning_modules.base import ClientContext, FederatedModule, NoClientState
 
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
+RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
+RANK_SAMPLES = "__rank_samples"  # each rank's samples trained this round
 
 
 def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
@@ -47,13 +51,21 @@ class ClientSplit:
 
 @dataclass
 class RoundLog:
+    """One round of a run's history. Timings are rank 0's, except ``rank_busy_seconds`` (each rank's
+    work before the round's all-reduce: training, per-client evaluation) and ``rank_idle_seconds``
+    (how long each rank then waited at the all-reduce for the slowest: max busy - its own)."""
+
     round: int
     clients: list[int]
     lr: float
     train_seconds: float
     round_seconds: float
-    samples_trained: int
+    samples_trained: int  # by all ranks
     metrics: dict[str, float] = field(default_factory=dict)
+    eval_seconds: float = 0.0
+    rank_clients: list[list[int]] = field(default_factory=list)  # the clients each rank trained
+    rank_busy_seconds: list[float] = field(default_factory=list)
+    rank_idle_seconds: list[float] = field(default_factory=list)
 
 
 class ServerComm:
@@ -74,9 +86,11 @@ class ServerComm:
 class Federation:
     """Runs the rounds of one experiment on this rank's shard of clients.
 
-    Client c lives on rank c % world_size; its persistent state never leaves that rank. The
-    sampled clients of a round are a pure function of (seed, round); every draw of a client's
-    training derives from (seed, round, client); so the result does not depend on world size.
+    Client c lives on rank c % world_size; its persistent state never leaves that rank. When the
+    method keeps no per-client state, the round's clients are spread over the ranks by their sizes
+    instead (bench/placement.py). The sampled clients of a round are a pure function of (seed,
+    round); every draw of a client's training derives from (seed, round, client); so the result does
+    not depend on world size.
     """
 
     def __init__(self, fabric, cfg: RunConfig, module: FederatedModule, data: DeviceData,
@@ -90,6 +104,9 @@ class Federation:
         self.model_state = module.state_dict()  # references to the live tensors
         self.shared = module.shared_keys()
         self.personal = module.personal_keys()
+        # clients may train on any rank when nothing of theirs persists between rounds
+        self.movable = not (self.personal or cfg.fed.keep_optimizer_state or module.keeps_client_state)
+        self.sizes = [len(s.train) for s in clients]
         self.global_state = {k: self.model_state[k].clone() for k in self.shared}
         self.initial_personal = {k: self.model_state[k].clone() for k in self.personal}
         self.protocol = eval_protocol(cfg, module)
@@ -101,8 +118,13 @@ class Federation:
         module.server_comm = ServerComm(fabric, len(clients))
 
     # ---- one client ----------------------------------------------------------------------
+    def client_state(self, c: int) -> dict:
+        """Client c's persistent state, kept on its rank; for a method that keeps none, an empty
+        state that refuses writes (the client may train on any rank)."""
+        return NoClientState(self.module.method_name()) if self.movable else self.client_states[c]
+
     def load_client_model(self, c: int) -> dict:
-        state = self.client_states[c]
+        state = self.client_state(c)
         copy_into(self.model_state, self.global_state)
         if self.personal:
             copy_into(self.model_state, state.get("personal", self.initial_personal))
@@ -138,7 +160,8 @@ class Federation:
             def evaluate() -> dict[str, float]:
                 split = self.clients[c]
                 data = self.data if split.test_data is None else split.test_data
-                m = evaluate_local(self.module, data, split.test, self.fabric, self.num_classes)
+                m = evaluate_local(self.module, data, split.test, self.fabric, self.num_classes,
+                                   eval_batch_size(data, self.cfg.fed.eval_batch_size))
                 return {f"test/{k}": v for k, v in m.items()}
 
             scores = self.module.evaluate_client(ctx, evaluate)
@@ -148,7 +171,7 @@ class Federation:
             for split, data in (("val", self.val), ("test", self.test)):
                 if data is not None:
                     m = evaluate_local(self.module, data, torch.arange(len(data.labels), device=data.labels.device),
-                                       self.fabric, self.num_classes)
+                                       self.fabric, self.num_classes, eval_batch_size(data, self.cfg.fed.eval_batch_size))
                     res.update({f"{split}/{k}": v for k, v in m.items()})
             return res
         return None
@@ -166,15 +189,16 @@ class Federation:
         cfg, module = self.cfg, self.module
         t0 = time.perf_counter()
         sampled = sample_clients(cfg.seed, r, len(self.clients), cfg.fed.sample_ratio)
+        placement = assign_clients(sampled, self.sizes, self.world, self.movable)
+        mine = placement[self.rank]
         keys = self.metric_keys()
         extra_shapes = dict(module.upload_shapes())
         extra_shapes[CLIENT_METRICS] = (len(self.clients), len(keys) + 1)
+        extra_shapes[RANK_BUSY] = extra_shapes[RANK_SAMPLES] = (self.world,)
         buf = RoundBuffer({k: self.global_state[k].shape for k in self.shared}, extra_shapes, self.fabric.device)
         error: Exception | None = None
         seen, train_time = 0, 0.0
-        for c in sampled:
-            if c not in self.client_states:
-                continue
+        for c in mine:
             try:
                 t = time.perf_counter()
                 weight, extras, n, ctx = self.train_client(c, r)
@@ -193,6 +217,9 @@ class Federation:
                 row[c, -1] = 1.0
                 extras = {**extras, CLIENT_METRICS: row}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
+        busy, samples = (torch.zeros(self.world, dtype=torch.float64, device=buf.buf.device) for _ in range(2))
+        busy[self.rank], samples[self.rank] = time.perf_counter() - t0, seen
+        buf.add_extras({RANK_BUSY: busy, RANK_SAMPLES: samples})
         if self.world > 1:
             with waiting_on(self.fabric, "the round's aggregation all-reduce"):
                 self.fabric.all_reduce(buf.buf, reduce_op="sum")
@@ -202,18 +229,35 @@ class Federation:
         if self.shared:
             copy_into(self.global_state, buf.averaged_state())
         extras = buf.summed_extras()
+        busy_seconds = extras.pop(RANK_BUSY).tolist()
+        seen = int(extras.pop(RANK_SAMPLES).sum())  # over all ranks
         table = extras.pop(CLIENT_METRICS)
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
         module.server_step(self.global_state, extras, r)
-        log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen)
+        log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen,
+                       rank_clients=placement, rank_busy_seconds=busy_seconds,
+                       rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds])
         if self.is_eval_round(r):
-            log.metrics = self.evaluate()
+            t = time.perf_counter()
+            log.metrics = self.evaluate(r)
+            log.eval_seconds = time.perf_counter() - t
         log.round_seconds = time.perf_counter() - t0
         return log
 
-    def evaluate(self) -> dict[str, float]:
+    def test_due(self, r: int, val_metrics: dict[str, float]) -> bool:
+        """Whether round r's evaluation scores the test set too: with ``fed.test_rounds: all`` at every
+        evaluated round; with ``val_improves`` at the final round and where the validation metrics beat
+        every earlier round's by accuracy or by FedBM's sum of five (the two validation round rules,
+        bench/reporting/protocols.py, whose ties go to the earliest round): the test metrics those
+        rules report are the ones every-round evaluation would give."""
+        if self.cfg.fed.test_rounds == "all" or r + 1 == self.cfg.fed.rounds or not val_metrics:
+            return True
+        earlier = [h["metrics"] for h in self.history if h.get("metrics")]
+        return any(score(val_metrics) > max(map(score, earlier), default=-math.inf) for score in VAL_SCORES.values())
+
+    def evaluate(self, r: int) -> dict[str, float]:
         if self.protocol in ("per_client", "local_mean"):
             if not self.client_metrics:
                 return {}
@@ -226,9 +270,11 @@ class Federation:
             copy_into(self.model_state, self.initial_personal)
         out = {}
         for split, data in (("val", self.val), ("test", self.test)):
-            if data is not None:
-                m = evaluate_sharded(self.module, data, self.fabric, self.num_classes, logits_fn=self.module.global_logits)
-                out.update({f"{split}/{k}": v for k, v in m.items()})
+            if data is None or (split == "test" and not self.test_due(r, out)):
+                continue
+            m = evaluate_sharded(self.module, data, self.fabric, self.num_classes,
+                                 eval_batch_size(data, self.cfg.fed.eval_batch_size), self.module.global_logits)
+            out.update({f"{split}/{k}": v for k, v in m.items()})
         return out
 
     # ---- the run -------------------------------------------------------------------------

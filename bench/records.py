@@ -49,6 +49,18 @@ def summarise(history: list[dict], protocol: str) -> dict[str, Any]:
     return {"final": final, "best": final, "best_round": evaluated[-1]["round"]}
 
 
+def rank_idle(history: list[dict]) -> dict[str, Any]:
+    """Per rank, the seconds of work before the rounds' all-reduces and of waiting at them (summed
+    over rounds), and the share of the ranks' time lost waiting."""
+    rounds = [h for h in history if h.get("rank_busy_seconds")]
+    if not rounds:
+        return {}
+    busy = [sum(col) for col in zip(*(h["rank_busy_seconds"] for h in rounds))]
+    idle = [sum(col) for col in zip(*(h["rank_idle_seconds"] for h in rounds))]
+    total = sum(busy) + sum(idle)
+    return {"busy_seconds": busy, "idle_seconds": idle, "idle_share": sum(idle) / total if total > 0 else 0.0}
+
+
 def record_path(output_dir: str, experiment: str, run_name: str) -> Path:
     return Path(output_dir) / experiment / f"{run_name}.json"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import math
+import shutil
 import tempfile
 import types
 import typing
@@ -20,6 +21,9 @@ from datamodules.base import DATASETS, splittable_datasets
 from datamodules.partition import check_per_class_shards
 from lightning_modules.base import METHODS, FederatedModule
 from lightning_modules.components.prompts import load_prompt_file, match_concepts
+
+# 64-true/32-true: the dtype fedbench sets; the mixed ones: Fabric's autocast (16-mixed on CUDA only)
+SUPPORTED_PRECISIONS = (*PRECISION_DTYPES, "bf16-mixed", "16-mixed")
 
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")
@@ -220,6 +224,8 @@ def check_ranges(cfg: RunConfig) -> None:
     for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
         if getattr(f, name) < 1:
             raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(f, name)}.")
+    require(f.eval_batch_size is None or f.eval_batch_size >= 1, "fed.eval_batch_size", ">= 1 (or null: automatic)",
+            f.eval_batch_size)
     if not (finite(f.sample_ratio) and 0.0 < f.sample_ratio <= 1.0):
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {f.sample_ratio}.")
     require(finite(f.lr_decay) and 0 < f.lr_decay <= 1, "fed.lr_decay", "in (0, 1] (the lr is multiplied by it "
@@ -233,7 +239,7 @@ def check_ranges(cfg: RunConfig) -> None:
     require(finite(m.weight_decay) and m.weight_decay >= 0, "method.weight_decay", "a finite number >= 0",
             m.weight_decay)
     require(cfg.seed >= 0, "seed", ">= 0", cfg.seed)
-    require(cfg.devices >= 1, "devices", ">= 1", cfg.devices)
+    require(cfg.devices == "auto" or cfg.devices >= 1, "devices", ">= 1", cfg.devices)
     require(cfg.num_nodes >= 1, "num_nodes", ">= 1", cfg.num_nodes)
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
@@ -265,12 +271,14 @@ def check_partition(cfg: RunConfig) -> None:
 
 
 def check_precision(cfg: RunConfig) -> None:
-    """Only the precisions whose dtype fedbench applies itself (PRECISION_DTYPES, issue 13): modules are
-    moved with fabric.to_device, never converted by fabric.setup, so Fabric's half and mixed precisions
-    are rejected rather than half-applied."""
-    if cfg.precision not in PRECISION_DTYPES:
-        raise FedbenchError(f"precision {cfg.precision!r} is not supported; choose one of {sorted(PRECISION_DTYPES)} "
-                            "(64-true: float64 weights and batches, for machine-independent numbers).")
+    """The precisions fedbench applies in full: the true ones whose dtype it sets itself (PRECISION_DTYPES,
+    issue 13: modules are moved with fabric.to_device, never converted by fabric.setup) and the mixed ones,
+    which are Fabric's autocast around every forward pass (weights stay float32). Fabric's half-true
+    precisions would be half-applied, so they are rejected."""
+    if cfg.precision not in SUPPORTED_PRECISIONS:
+        raise FedbenchError(f"precision {cfg.precision!r} is not supported; choose one of {list(SUPPORTED_PRECISIONS)} "
+                            "(64-true: float64 weights and batches, for machine-independent numbers; bf16-mixed: "
+                            "autocast, a speed option for GPUs).")
 
 
 def check_accelerator(cfg: RunConfig) -> None:
@@ -283,9 +291,16 @@ def check_accelerator(cfg: RunConfig) -> None:
         raise FedbenchError(f"--accelerator {acc} was requested but this machine has no "
                             f"{'CUDA' if acc == 'cuda' else 'Apple MPS' if acc == 'mps' else 'GPU'} available; "
                             "use --accelerator cpu (or auto).")
-    if acc in ("cuda", "gpu") and cuda and cfg.devices > CUDAAccelerator.auto_device_count():
+    if acc in ("cuda", "gpu") and cuda and cfg.devices != "auto" and cfg.devices > CUDAAccelerator.auto_device_count():
         raise FedbenchError(f"--devices {cfg.devices} but this machine has {CUDAAccelerator.auto_device_count()} "
                             "CUDA GPU(s).")
+    on_cpu = acc == "cpu" or (acc == "auto" and not (cuda or mps))
+    if cfg.compile and on_cpu and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise FedbenchError("--compile true on CPU needs a C++ compiler (torch.compile builds its kernels with "
+                            "g++ or clang++), and none is on PATH; install one (apt-get install g++) or drop --compile.")
+    if on_cpu and cfg.precision == "16-mixed":
+        raise FedbenchError("--precision 16-mixed needs a CUDA GPU (fp16 autocast is not supported on CPU, where "
+                            "Fabric would silently switch to bf16-mixed); use bf16-mixed or 32-true.")
 
 
 def check_launcher(cfg: RunConfig) -> None:
@@ -300,6 +315,15 @@ def check_launcher(cfg: RunConfig) -> None:
     launch = ("torchrun --nnodes <num_nodes> --nproc-per-node <devices> --node-rank <this node> --master-addr "
               "<node 0> --master-port <port> -m bench.cli run ... --devices <devices> --num_nodes <num_nodes> on "
               "every node, or srun under SLURM (README, 'Several machines')")
+    if cfg.devices == "auto":
+        from bench.workers import launcher_ranks_per_node
+
+        if launcher_ranks_per_node() is not None:
+            return  # auto takes the launcher's processes per node
+        if cfg.num_nodes > 1:
+            raise FedbenchError(f"--num_nodes {cfg.num_nodes} with --devices auto needs torchrun or SLURM (which say "
+                                "how many processes each node runs); launched by hand, pass --devices <ranks per node>.")
+        return
     if dist.is_available() and dist.is_torchelastic_launched():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != cfg.devices * cfg.num_nodes:

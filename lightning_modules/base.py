@@ -34,7 +34,9 @@ Where a method says what it does:
                               runs work once on rank 0 and broadcasts it (FedBM's generator)
   server_state() / load_server_state()   server state beyond the model, for checkpoints
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
-Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally.
+Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally,
+keeps_client_state (the method writes ``ctx.state``: its clients train on the rank that keeps it; a
+method that does not may have its clients trained on any rank, and ``ctx.state`` refuses writes).
 
 The local loop calls no Lightning hook (no on_after_backward, on_train_batch_end, ...): a step is
 zero_grad -> loss = objective(batch) under ctx.autocast() -> backward -> [after_backward] -> step.
@@ -64,6 +66,37 @@ Objective = Callable[[Batch], torch.Tensor]  # the loss of one batch
 
 class NonFiniteLossError(FedbenchError):
     pass
+
+
+class UndeclaredClientStateError(FedbenchError):
+    pass
+
+
+class NoClientState(dict):
+    """``ctx.state`` of a method that declares no per-client state (``keeps_client_state = False``):
+    always empty, and writing to it is refused, because its clients may train on any rank
+    (bench/placement.py), where the state would not be kept."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+
+    def refuse(self, key: Any) -> None:
+        raise UndeclaredClientStateError(
+            f"{self.method} stores per-client state (ctx.state[{key!r}]) but does not declare it: set "
+            "`keeps_client_state: ClassVar[bool] = True` on its class, so that each client trains on the rank "
+            "that keeps its state.")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.refuse(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.refuse(key)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        items = dict(*args, **kwargs)
+        if items:
+            self.refuse(next(iter(items)))
 
 
 class ClientBatches(Protocol):
@@ -152,6 +185,8 @@ class FederatedModule(L.LightningModule):
                          'per_client' (each client's model on its own split) or 'local_mean' (each
                          client's model on the global test set); a run's ``fed.protocol`` overrides it
       runs_centrally     trained as one client holding the pooled data (bench/central.py)
+      keeps_client_state writes ``ctx.state`` (control variates, a previous model, prototypes): each
+                         client then trains on the rank that keeps its state (rank c % N)
     Methods that read class prompts set ``prompt_info`` (the concepts and templates used, where they
     came from); the run record keeps it.
     """
@@ -161,6 +196,7 @@ class FederatedModule(L.LightningModule):
     protocol: ClassVar[str] = "global"
     runs_centrally: ClassVar[bool] = False
     prompt_info: dict | None = None
+    keeps_client_state: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -16,6 +16,8 @@ alpha = 0.01: FedBM (TMI) Sec. IV-B, "0.01 in FedDyn as suggested in their offic
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from bench.core.errors import FedbenchError
@@ -25,6 +27,8 @@ from lightning_modules.components.state import trainable_shared_parameters
 
 @METHODS.register("feddyn")
 class FedDyn(FederatedModule):
+    keeps_client_state: ClassVar[bool] = True  # ctx.state: its gradient memory
+
     def __init__(self, *args, alpha: float = 0.01, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if alpha <= 0:

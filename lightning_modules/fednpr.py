@@ -114,6 +114,8 @@ class NPRMethod(FederatedModule):
     sinkhorn_iters, npr_variant) and its regulariser ``self.npr``. It overrides no hook: the
     method adds NPR to its own objective explicitly."""
 
+    keeps_client_state: ClassVar[bool] = True  # ctx.state holds the client's own tensors
+
     def __init__(self, *args, num_subclusters: int = 4, lam: float = 0.1, sinkhorn_eps: float = 0.05,
                  sinkhorn_iters: int = 100, npr_variant: str = "paper", **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -40,7 +40,7 @@ The paper's optimiser (SGD lr 0.01, momentum 0.9, weight decay 1e-5) comes from 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,8 @@ from lightning_modules.components.fst_cbdg import (
 
 @METHODS.register("fst-cbdg")
 class FstCbdg(ClipFeatureModule):
+    keeps_client_state: ClassVar[bool] = True  # ctx.state: its zero-shot pseudo-label probabilities
+
     def __init__(
         self,
         *args,

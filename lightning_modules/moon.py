@@ -20,6 +20,8 @@ Choices:
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +35,8 @@ REPRESENTATION_PREFIXES = ("backbone", "projection")
 
 @METHODS.register("moon")
 class Moon(FederatedModule):
+    keeps_client_state: ClassVar[bool] = True  # ctx.state: its previous model
+
     def __init__(self, *args, mu: float = 1.0, temperature: float = 0.5, projection_dim: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if temperature <= 0:

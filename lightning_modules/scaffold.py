@@ -19,6 +19,8 @@ No hyperparameters (FedBM Sec. IV-B runs Scaffold with the common FedAvg setting
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
@@ -37,6 +39,8 @@ def unit_displacement(steps: int, lr: float, momentum: float) -> float:
 
 @METHODS.register("scaffold")
 class Scaffold(FederatedModule):
+    keeps_client_state: ClassVar[bool] = True  # ctx.state: its control variate c_i
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.c_sum: dict[str, torch.Tensor] = {}  # sum over all clients of c_i (float64; absent = zero)

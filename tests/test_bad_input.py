@@ -31,7 +31,8 @@ def written_files(tmp_path: Path) -> list[str]:
         (["--method.name", "fedprox", "--method.args", '{"muu": 0.1}'],
          "has unknown option(s) ['muu']; 'fedprox' accepts: ['mu']"),
         (["--method.optimizer", "sgdd"], "Got value: sgdd"),
-        (["--precision", "16-mixed"], "precision '16-mixed' is not supported; choose one of ['32-true', '64-true']"),
+        (["--precision", "bf16-true"], ("precision 'bf16-true' is not supported; choose one of ['32-true', "
+                                        "'64-true', 'bf16-mixed', '16-mixed']")),
     ],
     ids=["unknown-method", "missing-data", "unknown-dataset", "sample-ratio", "beta", "rounds",
          "empty-client", "nan-loss", "method-arg-typo", "optimizer-typo", "precision"],

@@ -64,8 +64,9 @@ CASES = [
     (["--timeout", "0"], "timeout must be a number of minutes > 0, got 0.0."),
     (["--seed", "-1"], "seed must be >= 0, got -1."),
     (["--precision", "17-weird"], "Got value: 17-weird"),
-    (["--precision", "bf16-mixed", "--accelerator", "cpu"], ("precision 'bf16-mixed' is not supported; choose "
-                                                            "one of ['32-true', '64-true']")),
+    (["--precision", "16-true", "--accelerator", "cpu"], ("precision '16-true' is not supported; choose "
+                                                         "one of ['32-true', '64-true', 'bf16-mixed', '16-mixed']")),
+    (["--precision", "16-mixed", "--accelerator", "cpu"], "--precision 16-mixed needs a CUDA GPU"),
     (["--accelerator", "gpu"], "--accelerator gpu was requested but this machine has no GPU available"),
     (["--accelerator", "cuda"], "--accelerator cuda was requested but this machine has no CUDA available"),
     (["--method.name", "fedprox", "--method.args", '{mu: "abc"}'], ("method.args.mu of 'fedprox' must be float, "
@@ -91,7 +92,7 @@ CASES = [
 IDS = ["image-size-0", "image-size-negative", "train-cap-0", "train-cap-negative", "test-cap-0", "val-fraction-0",
        "val-fraction-1", "split-file-unsupported", "client-test-site-not-natural", "client-test-site-global",
        "lr-decay-negative", "lr-gamma-0", "lr-negative", "lr-nan", "momentum", "threads-negative", "devices-0",
-       "timeout-0", "seed-negative", "precision-unknown", "precision-unsupported", "accelerator-gpu-missing",
+       "timeout-0", "seed-negative", "precision-unknown", "precision-unsupported", "precision-fp16-on-cpu", "accelerator-gpu-missing",
        "accelerator-cuda-missing", "method-arg-str-for-float", "method-arg-float-for-int", "method-arg-literal",
        "method-arg-reserved", "output-dir-unwritable", "checkpoint-dir-unwritable", "abbreviated-option",
        "resume-value", "single-class-dataset", "adam-nonfinite-state"]

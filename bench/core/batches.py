@@ -24,6 +24,7 @@ class DeviceData:
     labels: torch.Tensor  # int64 [N]
     mean: torch.Tensor  # [1, C, 1, 1]
     std: torch.Tensor
+    channels_last: bool = False  # image batches in channels-last memory layout (the run's ``channels_last``)
 
     def to_float(self, index: torch.Tensor | slice, augment: str = "none", gen: torch.Generator | None = None):
         if self.images.dtype != torch.uint8:  # cached features
@@ -31,7 +32,10 @@ class DeviceData:
         x = self.images[index].to(self.mean.dtype).div_(255.0)
         if augment != "none":
             x = augment_batch(x, augment, gen)
-        return (x - self.mean) / self.std, self.labels[index]
+        x = x.sub_(self.mean).div_(self.std)  # in place: the same values as (x - mean) / std, one buffer
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, self.labels[index]
 
 
 def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.core.errors import FedbenchError
+from bench.metrics import VAL_SCORES, metric_sum
 
 EVALS = {
     "global": "the global model on the global test set",
@@ -60,19 +61,10 @@ UNKNOWN = "unknown"
 ANY = "any"  # (papers only) a model that does not train, e.g. zero-shot CLIP: every round is the same
 
 
-def _score(metrics: dict[str, float], keys: tuple[str, ...]) -> float:
-    vals = [metrics.get(k) for k in keys]
-    if any(v is None or not math.isfinite(v) for v in vals):
-        return -math.inf
-    return float(sum(vals))
-
-
 _SCORES: dict[str, Callable[[dict[str, float]], float]] = {
-    "best-val-acc": lambda m: _score(m, ("val/accuracy",)),
-    # acc + micro recall (= acc) + macro precision + macro F1 + AUC
-    "best-val-sum5": lambda m: _score(m, ("val/accuracy", "val/accuracy", "val/precision", "val/f1", "val/auc")),
-    "max-test-acc": lambda m: _score(m, ("test/accuracy",)),
-    "max-test-bacc": lambda m: _score(m, ("test/balanced_accuracy",)),
+    **VAL_SCORES,  # best-val-acc, best-val-sum5 (bench/metrics.py: the orchestrator uses them too)
+    "max-test-acc": lambda m: metric_sum(m, ("test/accuracy",)),
+    "max-test-bacc": lambda m: metric_sum(m, ("test/balanced_accuracy",)),
 }
 
 

@@ -50,6 +50,9 @@ TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", 
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
 DERIVED_ROW_KEYS = {"label", "average_of", "paper_method", "paper_table", "paper_setting", "paper_dataset"}
+# a table's runs score the test set at every evaluated round (its curves and test-based round rules
+# need them), unless its config says otherwise
+TABLE_DEFAULTS = {"fed": {"test_rounds": "all"}}
 UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", "setting", "reason"}
 
 
@@ -111,8 +114,8 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
                 run = {"seed": seed, "experiment": experiment + record_suffix(row, where)}
                 if output_dir:
                     run["output_dir"] = output_dir
-                cfg = run_config(spec.get("base") or {}, {"partition": column.partition}, overrides, run,
-                                 where=where)
+                cfg = run_config(TABLE_DEFAULTS, spec.get("base") or {}, {"partition": column.partition}, overrides,
+                                 run, where=where)
                 if column.client_split_file and (cfg.data.client_split_file is None
                                                  or cfg.fed.client_test != "site"):
                     raise FedbenchError(f"{where}: column {column.id} is a published client split: set "
@@ -228,7 +231,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
-    parser.add_argument("--devices", type=int, default=None, help="Fabric ranks (default: the config's, else 1)")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="Fabric ranks (default: the config's, else auto: one 1-thread rank per core)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each on one rank with cores/jobs threads (bench/reporting/table_jobs.py)")
     parser.add_argument("--output-dir", default=None, help="where run records go (default results/runs)")
     parser.add_argument("--tables-dir", default="results/tables")
     parser.add_argument("--wandb", action="store_true",
@@ -319,11 +325,15 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
     """Every planned run's options (bench/validation.py; with the command-line overrides applied),
     rows sharing a record, and the output folders, before any run starts. An invalid value given with
     --set is named as such: it is the same error in every row."""
+    from bench.reporting.table_jobs import table_devices
     from bench.validation import check_writable, validate_config
 
-    devices = args.devices or spec.get("devices", 1)
+    if args.jobs < 1:
+        raise FedbenchError(f"--jobs must be >= 1, got {args.jobs}.")
+    devices, threads = table_devices(runs, args.devices, spec.get("devices"), args.jobs)
     for r in runs:
         r.cfg.devices = devices
+        r.cfg.threads = r.cfg.threads or threads
         try:
             validate_config(r.cfg)
         except FedbenchError as err:
@@ -373,6 +383,12 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
     for r in todo:  # devices were set by check_plan
         r.cfg.progress = False
         r.cfg.wandb = r.cfg.wandb or args.wandb
+    if args.jobs > 1:
+        from bench.reporting.table_jobs import run_jobs
+
+        run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
+                 lambda r: f"row {r.label!r} {run_label(r)}", annotations)
+        return 0
     fabric = make_fabric(todo[0].cfg)
     fabric.launch()
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)

@@ -1,0 +1,76 @@
+"""How `fedbench table` lays its runs over the machine: ranks for the table's one Fabric launch
+(``devices``, "auto" by default), or ``--jobs N`` independent runs at once.
+
+``--jobs N`` starts N worker processes; each takes the next run that is due, runs it alone on one
+rank with ``cores // N`` torch threads (or the run's own ``threads``), and writes its record. Runs are
+independent (each record is a pure function of its config), so the records are the same whatever N;
+only wall time changes. The first failing run stops the table: runs not yet started are cancelled,
+records already written stay valid, and the error names the run.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from bench.config import RunConfig, from_dict
+from bench.core.errors import FedbenchError
+from bench.workers import auto_layout, clients_per_round, cpu_cores
+
+
+def table_devices(runs: list, flag: int | None, configured: int | str | None, jobs: int) -> tuple[int, int | None]:
+    """(ranks, threads for runs that set none) of the table's runs: ``flag`` (--devices), else the
+    config's ``devices``, else "auto"; with ``jobs`` > 1 every run has one rank (the config's devices
+    give way; an explicit --devices above 1 is refused)."""
+    if jobs > 1:
+        if flag not in (None, 1):
+            raise FedbenchError(f"--jobs {jobs} runs every run on one rank; drop --devices {flag} (or use --jobs 1).")
+        return 1, max(1, cpu_cores() // jobs)
+    requested = flag or configured
+    if requested not in (None, "auto"):
+        return int(requested), None
+    widest = max(clients_per_round(r.cfg) for r in runs)
+    ranks, threads, _ = auto_layout(runs[0].cfg, one_client=False, clients=widest)
+    return ranks, threads
+
+
+def _start_worker(threads: int) -> None:
+    import torch
+
+    from bench.core.allocator import apply_allocator_policy
+
+    apply_allocator_policy()
+    torch.set_num_threads(threads)
+
+
+def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | None) -> str:
+    from bench.experiment import make_fabric, run_experiment
+    from bench.reporting.wandb_logger import wandb_observer
+
+    cfg = from_dict(config)
+    fabric = make_fabric(cfg)
+    fabric.launch()
+    run_experiment(cfg, fabric, observer=wandb_observer(cfg, wandb_dir, annotations), annotations=annotations)
+    return cfg.run_name()
+
+
+def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, annotations: dict | None = None) -> None:
+    """Run ``todo`` (PlannedRuns with devices 1) in ``jobs`` worker processes; ``label(run)`` names
+    a run in errors; ``annotations`` (a table's command-line overrides) go into every record."""
+    configs: list[RunConfig] = [r.cfg for r in todo]
+    threads = max(1, cpu_cores() // jobs)
+    bar = tqdm(total=len(todo), desc=desc, unit="run")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_start_worker, initargs=(threads,)) as pool:
+        futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations): r for cfg, r in zip(configs, todo)}
+        for future in as_completed(futures):
+            err = future.exception()
+            if err is not None:  # runs already going finish (their records are valid); the rest never start
+                pool.shutdown(wait=False, cancel_futures=True)
+                bar.close()
+                raise FedbenchError(f"{label(futures[future])}: {err}") from err
+            bar.update(1)
+            bar.set_postfix_str(future.result())
+    bar.close()

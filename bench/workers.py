@@ -1,0 +1,107 @@
+"""How a run spreads over the machine when ``devices`` is "auto" (the default of `fedbench run` and
+`fedbench table`).
+
+On a multi-core CPU the cores are used as client workers: one rank per core with one torch thread
+each, every rank training its own clients, instead of one rank with all cores' threads. Measured on
+the 2-core machine of issue 19 (ResNet-18, 28 px, batch 32): two 1-thread processes trained
+240 + 249 = 489 samples/s, one 2-thread process 347-450 (small convolutions do not split well over
+threads). ``fedbench bench --cases workers`` measures both on the machine at hand and says whether
+the measurement agrees with ``CPU_LAYOUT``.
+
+"auto" resolves to
+- under torchrun or SLURM, the processes per node the launcher started;
+- one rank with all threads (``threads``: Lightning's choice) for a run that trains one client (the
+  central methods), when the accelerator is a GPU/MPS (one device, as before), on a 1-core CPU, and
+  in a process Fabric cannot relaunch as a rank (fedbench called from Python, e.g. a test: Fabric
+  starts the other ranks by re-running the main script, which must be the fedbench command);
+- otherwise ``min(cores // threads, clients per round)`` ranks of ``threads`` threads (1 unless set).
+
+Results do not depend on the layout: rank invariance is exact for equal thread counts per rank; a
+different thread count changes the last bits of float sums (README, "Rank invariance").
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+from bench.config import RunConfig
+
+CPU_LAYOUT = "workers"  # "workers": one 1-thread rank per core; "threads": one rank with every core
+GPU_ACCELERATORS = ("gpu", "cuda", "mps")
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def launchable() -> bool:
+    """Whether Fabric can start more ranks of this process: it re-runs the main script, which must
+    be the fedbench command (``fedbench ...`` or ``python -m bench.cli ...``)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (spec is not None and spec.name == "bench.cli") or Path(sys.argv[0]).name == "fedbench"
+
+
+def on_gpu(accelerator: str) -> bool:
+    if accelerator in GPU_ACCELERATORS:
+        return True
+    if accelerator != "auto":
+        return False
+    from lightning.fabric.accelerators import CUDAAccelerator, MPSAccelerator
+
+    return CUDAAccelerator.is_available() or MPSAccelerator.is_available()
+
+
+def clients_per_round(cfg: RunConfig) -> int:
+    """How many clients a round trains (bench/core/seeding.sample_clients)."""
+    n = cfg.partition.num_clients
+    return min(n, max(1, round(cfg.fed.sample_ratio * n)))
+
+
+def launcher_ranks_per_node() -> int | None:
+    """The processes per node that torchrun or SLURM started for this run (None without a launcher):
+    under a launcher, ``devices: auto`` is its count, since the ranks already exist."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_torchelastic_launched():
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if SLURMEnvironment.detect() and os.environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+        return int(os.environ["SLURM_NTASKS_PER_NODE"])
+    return None
+
+
+def auto_layout(cfg: RunConfig, one_client: bool, clients: int, cores: int | None = None,
+                can_launch: bool | None = None) -> tuple[int, int | None, str]:
+    """(ranks, threads per rank, why) for ``devices: auto``; ``clients`` trained per round."""
+    launched = launcher_ranks_per_node()
+    if launched is not None:
+        return launched, cfg.threads, f"{launched} rank(s) per node: the processes torchrun/SLURM started"
+    cores = cpu_cores() if cores is None else cores
+    can_launch = launchable() if can_launch is None else can_launch
+    if on_gpu(cfg.accelerator):
+        return 1, cfg.threads, "one device (GPU)"
+    if one_client:
+        return 1, cfg.threads, "one rank: the run trains one client"
+    if CPU_LAYOUT != "workers" or cores < 2:
+        return 1, cfg.threads, f"one rank with all threads ({cores} core(s))"
+    if not can_launch:
+        return 1, cfg.threads, "one rank: fedbench runs inside another program, which Fabric cannot relaunch"
+    threads = cfg.threads or 1
+    ranks = max(1, min(cores // threads, clients))
+    why = f"{ranks} rank(s) x {threads} thread(s): cores as client workers ({cores} cores, {clients} clients per round)"
+    return ranks, threads, why
+
+
+def resolve_workers(cfg: RunConfig, one_client: bool) -> tuple[RunConfig, str]:
+    """``cfg`` with ``devices`` (and ``threads``) resolved when devices is "auto", and how they were
+    chosen; other configs are returned as they are."""
+    if cfg.devices != "auto":
+        return cfg, "as configured"
+    ranks, threads, why = auto_layout(cfg, one_client, clients_per_round(cfg))
+    out = copy.deepcopy(cfg)
+    out.devices, out.threads = ranks, threads
+    return out, f"devices auto: {why}"
