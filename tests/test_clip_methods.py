@@ -26,11 +26,13 @@ EMBED = 64  # tiny-random CLIP's embed_dim
 
 @pytest.fixture
 def clip_cfg(tiny_cfg, tmp_path):
-    """tiny_cfg for a CLIP method, with its feature cache under tmp_path."""
+    """tiny_cfg for a CLIP method, with its feature cache under tmp_path; the test set is scored every
+    round (the tests compare per-round curves)."""
 
     def make(method: str, args: dict | None = None, **overrides):
         args = {"feature_cache_dir": str(tmp_path / "features"), **(args or {})}
-        return tiny_cfg(**{"method.name": method, "method.args": args, "experiment": method, **overrides})
+        return tiny_cfg(**{"method.name": method, "method.args": args, "experiment": method,
+                           "fed.test_rounds": "all", **overrides})
 
     return make
 

@@ -49,7 +49,7 @@ def test_overrides_beat_row_options_and_method_args_go_where_accepted():
 
 
 @pytest.mark.parametrize(("item", "message"), [
-    ("fed.round=2", "--set fed.round: unknown option. Did you mean fed.rounds?"),
+    ("fed.round=2", "--set fed.round: unknown option. Did you mean fed.rounds, fed.test_rounds?"),
     ("data.image_sise=16", "Did you mean data.image_size, "),
     ("fed.rounds=two", "--set fed.rounds: expected int, got 'two'."),
     ("fed.rounds=2.5", "expected int"),
@@ -145,4 +145,4 @@ def test_cli_records_carry_the_overrides_and_the_subset_reuses_nothing_it_should
     assert next((tmp_path / "tables").glob("*.md")).name.startswith("table2_kvasir__reduced-")
     assert not (tmp_path / "runs").exists()
     assert main(["table", "--config", str(config), "--set", "fed.roundz=1"]) == 2
-    assert "Did you mean fed.rounds?" in capsys.readouterr().err
+    assert "Did you mean fed.rounds, fed.test_rounds?" in capsys.readouterr().err
