@@ -48,3 +48,21 @@ def test_eval_batch_size_changes_no_metric(tiny_cfg):
         assert a["metrics"].keys() == b["metrics"].keys()
         for k, v in a["metrics"].items():
             assert abs(v - b["metrics"][k]) <= 1e-9, (k, v, b["metrics"][k])
+
+
+def test_automatic_eval_batch_fits_the_device():
+    """On a CPU the automatic evaluation batch holds 2**19 input values (cache-sized: 668 images of 28 px,
+    the fastest measured, bench/evaluation.py); on a GPU 2**21; an explicit size wins."""
+    import torch
+
+    from bench.core.batches import DeviceData
+    from bench.evaluation import eval_batch_size
+
+    def data(shape):
+        return DeviceData(torch.zeros(shape, dtype=torch.uint8), torch.zeros(shape[0], dtype=torch.long),
+                          torch.zeros(1, shape[1], 1, 1), torch.ones(1, shape[1], 1, 1))
+
+    assert eval_batch_size(data((4, 1, 28, 28))) == 668
+    assert eval_batch_size(data((4, 1, 16, 16))) == 2048
+    assert eval_batch_size(data((4, 3, 224, 224))) == 256  # the floor
+    assert eval_batch_size(data((4, 1, 28, 28)), 100) == 100
