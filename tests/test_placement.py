@@ -75,3 +75,22 @@ def test_auto_layout_uses_cores_as_client_workers():
     assert auto_layout(cfg(), False, 5, cores=1, can_launch=True)[:2] == (1, None)
     ranks, threads, why = auto_layout(cfg(), False, 5, cores=2, can_launch=False)
     assert (ranks, threads) == (1, None) and "relaunch" in why
+
+
+def test_auto_under_a_launcher_takes_its_processes(monkeypatch):
+    """Under torchrun the ranks already exist: devices auto is the launcher's processes per node (3 here,
+    whatever the cores), and the launcher check accepts it; without a launcher several nodes need --devices."""
+    from bench.core.errors import FedbenchError
+    from bench.validation import check_launcher
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    two_nodes = cfg()
+    two_nodes.num_nodes = 2
+    with pytest.raises(FedbenchError, match="--num_nodes 2 with --devices auto needs torchrun or SLURM"):
+        check_launcher(two_nodes)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    ranks, threads, why = auto_layout(cfg(), False, 5, cores=2, can_launch=False)
+    assert (ranks, threads) == (3, None) and "torchrun/SLURM" in why
+    check_launcher(two_nodes)  # auto: 3 per node x 2 nodes is what torchrun started

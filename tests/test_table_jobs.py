@@ -61,3 +61,18 @@ def test_a_failing_job_stops_the_table_naming_the_run(tmp_path):
     assert proc.returncode == 2
     assert "row 'Diverges' (beta 0.5, seed" in proc.stderr and "NaN" in proc.stderr, proc.stderr[-3000:]
     assert not list((tmp_path / "runs" / "jobs_digits").glob("*.json"))
+
+
+@pytest.mark.ddp
+def test_jobs_records_carry_the_tables_overrides(tmp_path):
+    """A --set run made by a job worker is recorded like one made in the table's process: in the
+    __set-<hash> experiment, with its overrides in the record."""
+    config = tmp_path / "jobs.yaml"
+    config.write_text(yaml.safe_dump(spec(str(tmp_path / "cache"), [{"label": "FedAvg", "method": {"name": "fedavg"}}])))
+    proc = table(config, tmp_path, "--jobs", "2", "--set", "fed.rounds=1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (folder,) = (tmp_path / "runs").glob("jobs_digits__set-*")
+    records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    assert len(records) == 2  # two seeds
+    for record in records:
+        assert record["overrides"] == {"fed.rounds": 1} and len(record["history"]) == 1
