@@ -58,8 +58,9 @@ class RunObserver:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
-    """Fabric on cfg.devices (resolved: an int, bench/workers.py) ranks per node x cfg.num_nodes nodes. Under torchrun or SLURM, Fabric takes the
-    ranks from the launcher's environment (TorchElasticEnvironment / SLURMEnvironment) and starts no process."""
+    """Fabric on cfg.devices ranks per node (resolved to an int, bench/workers.py) x cfg.num_nodes nodes.
+    Under torchrun or SLURM, Fabric takes the ranks from the launcher's environment
+    (TorchElasticEnvironment / SLURMEnvironment) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
     ranks = cfg.devices * cfg.num_nodes

@@ -26,7 +26,6 @@ from lightning_modules.components.prompts import load_prompt_file, match_concept
 SUPPORTED_PRECISIONS = (*PRECISION_DTYPES, "bf16-mixed", "16-mixed")
 
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
-GPU_ACCELERATORS = ("gpu", "cuda", "mps")
 # arguments build_module fills itself (from the data and the method options), never from method.args
 FILLED_BY_BUILDER = frozenset({"num_classes", "in_channels", "class_names", "dataset_name", "backbone", "pretrained",
                                "optimizer", "lr", "momentum", "weight_decay"})

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from bench.config import RunConfig
+from bench.core.seeding import sample_size
 
 CPU_LAYOUT = "workers"  # "workers": one 1-thread rank per core; "threads": one rank with every core
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")
@@ -56,8 +57,7 @@ def on_gpu(accelerator: str) -> bool:
 
 def clients_per_round(cfg: RunConfig) -> int:
     """How many clients a round trains (bench/core/seeding.sample_clients)."""
-    n = cfg.partition.num_clients
-    return min(n, max(1, round(cfg.fed.sample_ratio * n)))
+    return sample_size(cfg.partition.num_clients, cfg.fed.sample_ratio)
 
 
 def launcher_ranks_per_node() -> int | None:

@@ -25,12 +25,17 @@ def torch_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gene
     return gen
 
 
+def sample_size(num_clients: int, ratio: float) -> int:
+    """How many clients a round samples: ratio * num_clients rounded, at least 1, at most all."""
+    return min(num_clients, max(1, round(ratio * num_clients)))
+
+
 def sample_clients(seed: int, round_idx: int, num_clients: int, ratio: float) -> list[int]:
     """The clients taking part in a round: identical on every rank, no communication needed."""
     if not 0.0 < ratio <= 1.0:
         raise FedbenchError(f"fed.sample_ratio must be in (0, 1], got {ratio}")
-    m = max(1, round(ratio * num_clients))
-    if m >= num_clients:
+    m = sample_size(num_clients, ratio)
+    if m == num_clients:
         return list(range(num_clients))
     rng = np.random.default_rng(derive_seed(seed, round_idx, -1, SAMPLE_CLIENTS))
     return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
