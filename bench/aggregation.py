@@ -88,3 +88,14 @@ def copy_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> Non
             d.copy_(t)
         else:
             d.copy_(torch.round(t))
+
+
+def client_metrics_row(num_clients: int, client: int, scores: list[float], device) -> torch.Tensor:
+    """Client ``client``'s evaluation scores as its upload to the round's per-client metrics table:
+    a (num_clients, len(scores) + 1) float64 tensor, zero except row ``client`` = [scores..., 1] (the last
+    column counts the clients evaluated). Built on ``device``, the round buffer's: adding a CPU table
+    into a CUDA buffer is an error."""
+    row = torch.zeros(num_clients, len(scores) + 1, dtype=torch.float64, device=device)
+    row[client, :-1] = torch.tensor(scores, dtype=torch.float64, device=device)
+    row[client, -1] = 1.0
+    return row
