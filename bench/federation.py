@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from bench.aggregation import RoundBuffer, copy_into
+from bench.aggregation import RoundBuffer, client_metrics_row, copy_into
 from bench.checkpoint import Checkpointer, CheckpointError
 from bench.config import RunConfig
 from bench.core.batches import DeviceData
@@ -20,7 +20,7 @@ from bench.health import check_finite_state
 from bench.liveness import set_round, waiting_on
 from bench.metrics import METRIC_NAMES, VAL_SCORES
 from bench.placement import assign_clients
-from lightning_modules.base import ClientContext, FederatedModule, NoClientState
+from lightning_modules.base import ClientContext, FederatedModule, NoClientState, needs_loss_scaling
 
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
 RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
@@ -146,7 +146,7 @@ class Federation:
             generator=torch_generator(derive_seed(cfg.seed, r, c, METHOD), self.fabric.device),
             lr=lr_for_round(cfg, r), batch_size=cfg.fed.batch_size, local_epochs=cfg.fed.local_epochs,
             augment=cfg.data.augment, keep_optimizer_state=cfg.fed.keep_optimizer_state,
-            autocast=self.fabric.autocast,
+            autocast=self.fabric.autocast, loss_scaling=needs_loss_scaling(cfg.precision, self.fabric.device),
         )
         torch.manual_seed(derive_seed(cfg.seed, r, c, TORCH_GLOBAL))  # dropout and other global draws
         module.train()
@@ -217,9 +217,8 @@ class Federation:
                 buf.mark_failure()
                 break
             if scores is not None:
-                row = torch.zeros(extra_shapes[CLIENT_METRICS], dtype=torch.float64)
-                row[c, :-1] = torch.tensor([scores.get(k, float("nan")) for k in keys], dtype=torch.float64)
-                row[c, -1] = 1.0
+                row = client_metrics_row(len(self.clients), c, [scores.get(k, float("nan")) for k in keys],
+                                         buf.buf.device)
                 extras = {**extras, CLIENT_METRICS: row}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
         busy, samples = (torch.zeros(self.world, dtype=torch.float64, device=buf.buf.device) for _ in range(2))

@@ -134,6 +134,7 @@ class ClientContext:
     augment: str = "none"  # the run's data augmentation (default batches only)
     keep_optimizer_state: bool = False  # carry the local optimizer's state over to the next round
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Fabric's precision
+    loss_scaling: bool = False  # float16 autocast: scale the loss (run_epochs, needs_loss_scaling)
     uploads: dict[str, torch.Tensor] = field(default_factory=dict)  # extra tensors sent this round (summed)
 
     @property
@@ -146,13 +147,22 @@ class ClientContext:
 
 def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimizer: torch.optim.Optimizer,
                autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-               after_backward: Callable[[], None] | None = None, where: str = "") -> int:
+               after_backward: Callable[[], None] | None = None, where: str = "",
+               loss_scaling: bool = False) -> int:
     """The local loop: ``epochs`` passes over ``batches``, one optimizer step per batch.
 
     Returns the number of samples trained (``len(batch[1])`` summed). Non-finite losses are detected
     once at the end (one device sync, not one per step) and raise NonFiniteLossError.
+
+    ``loss_scaling`` (float16 autocast, see ``needs_loss_scaling``): the loss is scaled before backward
+    so that small float16 gradients do not flush to zero, the gradients are unscaled before
+    ``after_backward`` (which sees and edits true gradients: Scaffold, FedDyn), and a step whose
+    gradients overflowed is skipped. The scaler is fresh for every call (every local update starts at
+    the same scale), so a client's update does not depend on which rank trained it or what it trained
+    before. Without loss scaling the scaler is disabled and the loop is the plain one.
     """
     nonfinite: torch.Tensor | None = None
+    scaler: torch.amp.GradScaler | None = None
     seen = 0
     for epoch in range(epochs):
         batches.set_epoch(epoch)
@@ -162,10 +172,14 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
                 loss = objective(batch)
             bad = ~torch.isfinite(loss.detach())
             nonfinite = bad if nonfinite is None else nonfinite | bad
-            loss.backward()
+            if scaler is None:
+                scaler = torch.amp.GradScaler(loss.device.type, enabled=loss_scaling)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
             if after_backward is not None:
                 after_backward()
-            optimizer.step()
+            scaler.step(optimizer)  # skipped when the unscaled gradients hold inf/NaN
+            scaler.update()
             seen += len(batch[1])
     if nonfinite is not None and bool(nonfinite):
         raise NonFiniteLossError(
@@ -173,6 +187,12 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
             "or the method's hyperparameters."
         )
     return seen
+
+
+def needs_loss_scaling(precision: str, device: torch.device) -> bool:
+    """Whether local training at ``precision`` on ``device`` needs a loss scaler: float16 autocast
+    ("16-mixed") off the CPU. (On the CPU Fabric runs "16-mixed" as bfloat16, whose range needs none.)"""
+    return precision == "16-mixed" and torch.device(device).type != "cpu"
 
 
 class FederatedModule(L.LightningModule):
@@ -299,7 +319,8 @@ class FederatedModule(L.LightningModule):
         for group in optimizer.param_groups:
             group["lr"] = ctx.lr
         seen = run_epochs(batches, ctx.local_epochs, objective, optimizer, ctx.autocast, after_backward,
-                          f"in round {ctx.round_idx}, client {ctx.client_id} ({self.method_name()})")
+                          f"in round {ctx.round_idx}, client {ctx.client_id} ({self.method_name()})",
+                          loss_scaling=ctx.loss_scaling)
         if ctx.keep_optimizer_state:
             ctx.state["optimizer"] = optimizer.state_dict()
         return seen
