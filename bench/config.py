@@ -121,6 +121,9 @@ class RunConfig:
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
     precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)
+    # CUDA float32: "strict" IEEE fp32 + deterministic cuDNN, or "fast" TF32 + cuDNN autotuning
+    # (bench/core/numerics.py; no effect on CPU numbers)
+    gpu_math: Literal["strict", "fast"] = "strict"
     # speed options (bench/speed_options.py): NHWC weights and image batches; torch.compile of the backbone
     channels_last: bool = field(default=False, metadata=EXECUTION)
     compile: bool = field(default=False, metadata=EXECUTION)

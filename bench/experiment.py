@@ -23,6 +23,7 @@ from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
+from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings
@@ -36,7 +37,7 @@ from datamodules.data_home import data_home
 from datamodules.partition import partition, plot_partition
 from datamodules.splits import stratified_split
 from datamodules.tensors import TensorSplit
-from lightning_modules.base import METHODS, FederatedModule
+from lightning_modules.base import METHODS, FederatedModule, needs_loss_scaling
 
 
 class RunObserver:
@@ -188,11 +189,13 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
-def execution_record(fabric: Fabric) -> dict[str, Any]:
-    """How this run executed (it does not change the numbers): ranks, torch threads per rank and
-    the C allocator's policy (bench/core/allocator.py)."""
+def execution_record(fabric: Fabric, precision: str) -> dict[str, Any]:
+    """How this run executed: ranks, torch threads per rank, the C allocator's policy
+    (bench/core/allocator.py), the device, the precision and the CUDA float32 flags in effect
+    (bench/core/numerics.py), with whether float16 losses were scaled."""
     return {"ranks": fabric.world_size, "threads_per_rank": torch.get_num_threads(),
-            "allocator": allocator_status()}
+            "allocator": allocator_status(), "device": str(fabric.device), "precision": precision,
+            "loss_scaling": needs_loss_scaling(precision, fabric.device), "math": gpu_math_settings()}
 
 
 USAGE_FIELDS = ("user_seconds", "system_seconds", "minor_faults", "major_faults")
@@ -232,6 +235,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     check_outputs(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    apply_gpu_math(cfg.gpu_math)
     run_dir = Path(cfg.output_dir) / cfg.experiment
     if fabric is None:
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
@@ -293,7 +297,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
-        "execution": {**execution_record(fabric), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},
+        "execution": {**execution_record(fabric, cfg.precision), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},
     }
     resumed = fed.checkpointer.resumed if fed is not None else None
     if resumed:

@@ -48,7 +48,6 @@ def class_feature_sums(module, ctx: ClientContext, normalise: bool = False,
         feats = client_features(ctx, module.features, batch_size)
     if normalise:
         feats = F.normalize(feats, dim=1)
-    labels = ctx.labels
-    sums = torch.zeros(module.num_classes, feats.shape[1], device=feats.device, dtype=feats.dtype)
-    sums.index_add_(0, labels, feats)
-    return sums, torch.bincount(labels, minlength=module.num_classes).to(feats.dtype)
+    onehot = F.one_hot(ctx.labels, module.num_classes).to(feats.dtype)  # [n, C]
+    sums = onehot.T @ feats  # a matmul, not index_add_ (GPU atomics: run-to-run non-deterministic)
+    return sums, onehot.sum(dim=0)

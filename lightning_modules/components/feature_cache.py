@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from bench.core.atomic_io import atomic_torch_save
+from bench.core.numerics import gpu_math_settings
 from lightning_modules.components.clip_models import FrozenClip, preprocess_uint8
 
 CACHE_FORMAT = 1
@@ -35,7 +36,9 @@ def images_digest(images_uint8: torch.Tensor) -> str:
 
 
 def _key(clip: FrozenClip, clip_key: str, kind: str, content_digest: str) -> str:
-    meta = [CACHE_FORMAT, kind, clip_key, clip.image_size, list(clip.mean), list(clip.std), content_digest]
+    # the CUDA float32 flags (TF32 or not) change GPU-computed features: part of the key
+    meta = [CACHE_FORMAT, kind, clip_key, clip.image_size, list(clip.mean), list(clip.std), content_digest,
+            gpu_math_settings()["gpu_math"]]
     return hashlib.sha256(json.dumps(meta).encode()).hexdigest()
 
 
