@@ -10,8 +10,10 @@ the measurement agrees with ``CPU_LAYOUT``.
 
 "auto" resolves to
 - under torchrun or SLURM, the processes per node the launcher started;
+- on CUDA, one rank per visible GPU, no more than the clients trained per round (one rank for a run
+  that trains one client, on MPS, or on a single GPU);
 - one rank with all threads (``threads``: Lightning's choice) for a run that trains one client (the
-  central methods), when the accelerator is a GPU/MPS (one device, as before), on a 1-core CPU, and
+  central methods), on a 1-core CPU, and
   in a process Fabric cannot relaunch as a rank (fedbench called from Python, e.g. a test: Fabric
   starts the other ranks by re-running the main script, which must be the fedbench command);
 - otherwise ``min(cores // threads, clients per round)`` ranks of ``threads`` threads (1 unless set).
@@ -55,6 +57,21 @@ def on_gpu(accelerator: str) -> bool:
     return CUDAAccelerator.is_available() or MPSAccelerator.is_available()
 
 
+def visible_gpus(accelerator: str) -> list[str]:
+    """The CUDA devices this process may use (their CUDA_VISIBLE_DEVICES ids) when ``accelerator``
+    resolves to CUDA; [] on CPU and MPS."""
+    if not on_gpu(accelerator):
+        return []
+    import torch
+
+    if not torch.cuda.is_available():  # MPS: one device, never split
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None and listed.strip():
+        return [d.strip() for d in listed.split(",") if d.strip()][: torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
 def clients_per_round(cfg: RunConfig) -> int:
     """How many clients a round trains (bench/core/seeding.sample_clients)."""
     return sample_size(cfg.partition.num_clients, cfg.fed.sample_ratio)
@@ -75,15 +92,23 @@ def launcher_ranks_per_node() -> int | None:
 
 
 def auto_layout(cfg: RunConfig, one_client: bool, clients: int, cores: int | None = None,
-                can_launch: bool | None = None) -> tuple[int, int | None, str]:
-    """(ranks, threads per rank, why) for ``devices: auto``; ``clients`` trained per round."""
+                can_launch: bool | None = None, gpus: int | None = None) -> tuple[int, int | None, str]:
+    """(ranks, threads per rank, why) for ``devices: auto``; ``clients`` trained per round; ``gpus``
+    (default: the visible CUDA devices) and ``cores``, ``can_launch`` may be given (tests)."""
     launched = launcher_ranks_per_node()
     if launched is not None:
         return launched, cfg.threads, f"{launched} rank(s) per node: the processes torchrun/SLURM started"
     cores = cpu_cores() if cores is None else cores
     can_launch = launchable() if can_launch is None else can_launch
-    if on_gpu(cfg.accelerator):
-        return 1, cfg.threads, "one device (GPU)"
+    if gpus is None:
+        gpus = len(visible_gpus(cfg.accelerator))
+    if gpus or on_gpu(cfg.accelerator):
+        if gpus < 2 or one_client:
+            return 1, cfg.threads, "one device: " + ("the run trains one client" if one_client else "one GPU/MPS device")
+        if not can_launch:
+            return 1, cfg.threads, "one GPU: fedbench runs inside another program, which Fabric cannot relaunch"
+        ranks = min(gpus, clients)
+        return ranks, cfg.threads, f"{ranks} rank(s), one per GPU ({gpus} visible, {clients} clients per round)"
     if one_client:
         return 1, cfg.threads, "one rank: the run trains one client"
     if CPU_LAYOUT != "workers" or cores < 2:

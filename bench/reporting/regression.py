@@ -65,7 +65,9 @@ def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
     entry = next((e for e in spec["runs"] if e["name"] == name), None)
     if entry is None:
         raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
-    run = {"experiment": f"regression_{name}", "output_dir": output_dir,
+    # accelerator "cpu": the references are CPU numbers; on a GPU machine "auto" would take CUDA (other
+    # kernels, other random streams) and fail against them
+    run = {"experiment": f"regression_{name}", "output_dir": output_dir, "accelerator": "cpu",
            "checkpoint_dir": str(Path(output_dir) / "ckpt"), "progress": False, "wandb": False}
     return run_config(spec.get("base") or {}, {k: v for k, v in entry.items() if k not in ("name", "tolerance")}, run,
                       where=f"regression run {name!r}")

@@ -2,7 +2,8 @@
 (``devices``, "auto" by default), or ``--jobs N`` independent runs at once.
 
 ``--jobs N`` starts N worker processes; each takes the next run that is due, runs it alone on one
-rank with ``cores // N`` torch threads (or the run's own ``threads``), and writes its record. Runs are
+rank with ``cores // N`` torch threads (or the run's own ``threads``), and writes its record. On a
+GPU machine each worker has a GPU of its own (N GPUs at most). Runs are
 independent (each record is a pure function of its config), so the records are the same whatever N;
 only wall time changes. The first failing run stops the table: runs not yet started are cancelled,
 records already written stay valid, and the error names the run.
@@ -10,6 +11,7 @@ records already written stay valid, and the error names the run.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
@@ -17,7 +19,7 @@ from tqdm.auto import tqdm
 
 from bench.config import RunConfig, from_dict
 from bench.core.errors import FedbenchError
-from bench.workers import auto_layout, clients_per_round, cpu_cores
+from bench.workers import auto_layout, clients_per_round, cpu_cores, visible_gpus
 
 
 def table_devices(runs: list, flag: int | None, configured: int | str | None, jobs: int) -> tuple[int, int | None]:
@@ -36,7 +38,26 @@ def table_devices(runs: list, flag: int | None, configured: int | str | None, jo
     return ranks, threads
 
 
-def _start_worker(threads: int) -> None:
+def job_gpus(jobs: int, gpus: list[str]) -> list[str]:
+    """The GPU of each of ``jobs`` workers, one each, from the visible ``gpus`` ([]: CPU, none).
+    Two jobs never share a GPU (at 224 px one job fills a GPU's memory): more jobs than GPUs is
+    refused."""
+    if not gpus or jobs <= 1:
+        return []
+    if jobs > len(gpus):
+        raise FedbenchError(f"--jobs {jobs} needs {jobs} GPUs (one per job); {len(gpus)} are visible "
+                            f"(CUDA_VISIBLE_DEVICES={','.join(gpus)}). Use --jobs {len(gpus)} or fewer.")
+    return gpus[:jobs]
+
+
+def _start_worker(threads: int, gpus: list[str], slot) -> None:
+    """A --jobs worker's setup: its allocator, its threads and, on a GPU machine, its own GPU (the
+    next free of ``gpus``, counted by the shared ``slot``), made its only visible device before CUDA
+    starts, so that its runs' ``cuda:0`` is that GPU."""
+    if gpus:
+        with slot.get_lock():
+            index, slot.value = slot.value, slot.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     import torch
 
     from bench.core.allocator import apply_allocator_policy
@@ -61,9 +82,11 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     a run in errors; ``annotations`` (a table's command-line overrides) go into every record."""
     configs: list[RunConfig] = [r.cfg for r in todo]
     threads = max(1, cpu_cores() // jobs)
+    gpus = job_gpus(jobs, visible_gpus(configs[0].accelerator)) if configs else []
+    context = multiprocessing.get_context("spawn")
     bar = tqdm(total=len(todo), desc=desc, unit="run")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_start_worker, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
+                             initargs=(threads, gpus, context.Value("i", 0))) as pool:
         futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations): r for cfg, r in zip(configs, todo)}
         for future in as_completed(futures):
             err = future.exception()
