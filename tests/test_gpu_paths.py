@@ -1,0 +1,182 @@
+"""GPU-only paths checked on a CPU-only machine (issue 31): device discipline under fake CUDA tensors,
+float16 loss scaling with CPU autocast, one GPU per --jobs worker and every GPU for `devices: auto`
+(faked GPU counts), the CUDA float32 flags and their record. What needs a real GPU is in
+`make gpu-check` (bench/gpu_check.py)."""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_in_process
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+
+from bench.aggregation import RoundBuffer, client_metrics_row
+from bench.config import RunConfig
+from bench.core.errors import FedbenchError
+from bench.core.numerics import apply_gpu_math, gpu_math_settings
+from bench.reporting.table_jobs import _start_worker, job_gpus
+from bench.workers import auto_layout
+from lightning_modules.base import needs_loss_scaling, run_epochs
+
+
+# ---- item 1: the per-client metrics table lives where the round buffer lives -------------------
+def test_per_client_round_buffer_stays_on_a_cuda_device():
+    """A per-client protocol's round under fake CUDA tensors: model state, client metrics and the
+    rank timings all go into a CUDA round buffer. The CPU-built table of the old federation.py:220
+    is refused by the same fake mode (FakeTensorDeviceMismatchError), as torch refuses it on a GPU."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        state = {"w": torch.ones(3, 2, device="cuda")}
+        buf = RoundBuffer({"w": (3, 2)}, {"client_metrics": (4, 3), "busy": (2,)}, "cuda")
+        row = client_metrics_row(4, 2, [0.5, 0.25], buf.buf.device)
+        assert row.device.type == "cuda" and row.dtype == torch.float64
+        buf.add_client(state, 10.0, {"client_metrics": row})
+        buf.add_extras({"busy": torch.zeros(2, dtype=torch.float64, device=buf.buf.device)})
+        assert buf.summed_extras()["client_metrics"].device.type == "cuda"
+        old_row = torch.zeros(4, 3, dtype=torch.float64)  # what federation.py:220 built
+        with pytest.raises(FakeTensorDeviceMismatchError):
+            buf.add_client(state, 10.0, {"client_metrics": old_row})
+
+
+def test_client_metrics_row_holds_one_client():
+    row = client_metrics_row(3, 1, [0.5, float("nan")], "cpu")
+    assert row.shape == (3, 3)
+    assert row[1, 0] == 0.5 and torch.isnan(row[1, 1]) and row[1, 2] == 1.0
+    assert row[[0, 2]].abs().sum() == 0
+
+
+# ---- item 5: float16 loss scaling -------------------------------------------------------------
+class Batches:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def one_step(loss_scale: float, loss_scaling: bool, fp16: bool = True):
+    """One SGD step of a 4x4 linear layer on cross-entropy x ``loss_scale``; (gradient seen by
+    after_backward, weight after the step)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.arange(8) % 4
+    model = torch.nn.Linear(4, 4)
+    torch.nn.init.constant_(model.weight, 0.5)
+    torch.nn.init.zeros_(model.bias)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.float16)) if fp16 else contextlib.nullcontext
+    grads = []
+    run_epochs(Batches([(x, y)]), 1, lambda b: F.cross_entropy(model(b[0]), b[1]) * loss_scale, opt, autocast,
+               after_backward=lambda: grads.append(model.weight.grad.clone()), loss_scaling=loss_scaling)
+    return grads[0], model.weight.detach().clone()
+
+
+def test_float16_gradients_are_scaled_and_after_backward_sees_them_unscaled():
+    """A loss of ~1e-6: its float16 gradients are subnormal. Unscaled they are 50 % off (measured:
+    6.56e-7 vs float32's 4.385e-7); scaled, after_backward gets the true (unscaled) gradient within 0.1 %
+    and the step applies it."""
+    exact, _ = one_step(1e-6, False, fp16=False)
+    plain, _ = one_step(1e-6, False)
+    scaled, weight = one_step(1e-6, True)
+    rel = lambda g: ((g - exact).abs().max() / exact.abs().max()).item()  # noqa: E731
+    assert rel(plain) > 0.2
+    assert rel(scaled) < 1e-3
+    # lr 1: the step applied the unscaled gradient (to within float32's spacing at 0.5, 6e-8)
+    assert torch.allclose(0.5 - weight, scaled, rtol=0, atol=6e-8)
+
+
+def test_an_overflowing_float16_step_is_skipped_not_applied():
+    """A loss of ~1e6 overflows float16 gradients: unscaled, the step writes NaN into the weights;
+    with loss scaling the step is skipped and the weights stay finite and unchanged."""
+    _, corrupted = one_step(1e6, False)
+    assert torch.isnan(corrupted).any()
+    _, kept = one_step(1e6, True)
+    assert torch.equal(kept, torch.full((4, 4), 0.5))
+
+
+def test_loss_scaling_is_off_without_float16_on_a_gpu():
+    assert needs_loss_scaling("16-mixed", torch.device("cuda", 0))
+    assert not needs_loss_scaling("16-mixed", torch.device("cpu"))  # Fabric runs it as bfloat16 there
+    for precision in ("32-true", "bf16-mixed", "64-true", "16-true"):
+        assert not needs_loss_scaling(precision, torch.device("cuda", 0))
+    # disabled, the scaler is the plain loop bit for bit
+    for scale in (1e-6, 1.0):
+        assert torch.equal(one_step(scale, False, fp16=False)[1], one_step(scale, True, fp16=False)[1])
+
+
+# ---- items 3 and 9: every GPU used, one per job ------------------------------------------------
+def test_devices_auto_takes_every_visible_gpu_up_to_the_clients_per_round():
+    cfg = RunConfig()
+    assert auto_layout(cfg, False, 5, cores=2, can_launch=True, gpus=4)[0] == 4
+    assert auto_layout(cfg, False, 3, cores=2, can_launch=True, gpus=8)[0] == 3  # no idle GPU
+    assert auto_layout(cfg, True, 1, cores=2, can_launch=True, gpus=4)[0] == 1  # central: one client
+    assert auto_layout(cfg, False, 5, cores=2, can_launch=True, gpus=1)[0] == 1
+    ranks, _, why = auto_layout(cfg, False, 5, cores=2, can_launch=False, gpus=4)
+    assert ranks == 1 and "another program" in why
+    assert auto_layout(cfg, False, 5, cores=2, can_launch=True, gpus=0)[:2] == (2, 1)  # CPU: cores as workers
+
+
+def test_jobs_get_one_gpu_each_and_never_more_jobs_than_gpus():
+    assert job_gpus(2, ["0", "1", "2"]) == ["0", "1"]
+    assert job_gpus(3, []) == [] and job_gpus(1, ["3"]) == []
+    with pytest.raises(FedbenchError, match=r"--jobs 3 needs 3 GPUs.*2 are visible.*--jobs 2"):
+        job_gpus(3, ["4", "7"])
+
+
+def _worker_gpu(_):
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), os.getpid()
+
+
+def test_each_jobs_worker_sees_only_its_own_gpu():
+    """Two spawned workers (as `fedbench table --jobs 2` starts them) with GPUs 4 and 7: each sees
+    exactly one of them as its only CUDA device, and they differ."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context, initializer=_start_worker,
+                             initargs=(1, ["4", "7"], context.Value("i", 0))) as pool:
+        seen = set(pool.map(_worker_gpu, range(8), chunksize=1))
+    by_pid = {pid: gpu for gpu, pid in seen}
+    assert sorted(by_pid.values()) == ["4", "7"]
+
+
+# ---- item 6: CUDA float32 flags, set and recorded -------------------------------------------------
+def test_gpu_math_modes_set_and_report_the_cuda_flags():
+    saved = gpu_math_settings()
+    try:
+        apply_gpu_math("strict")
+        assert gpu_math_settings() == {"gpu_math": "strict", "tf32_matmul": False, "tf32_cudnn": False,
+                                       "cudnn_deterministic": True, "cudnn_benchmark": False}
+        assert torch.get_float32_matmul_precision() == "highest"  # Lightning's CUDA accelerator reads it
+        apply_gpu_math("fast")
+        assert gpu_math_settings() == {"gpu_math": "fast", "tf32_matmul": True, "tf32_cudnn": True,
+                                       "cudnn_deterministic": False, "cudnn_benchmark": True}
+        torch.backends.cudnn.benchmark = False
+        assert gpu_math_settings()["gpu_math"] == "custom"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved["tf32_matmul"]
+        torch.backends.cudnn.allow_tf32 = saved["tf32_cudnn"]
+        torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+        torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+
+
+def test_every_run_record_carries_precision_math_and_threads(tiny_cfg):
+    saved = gpu_math_settings()
+    try:
+        torch.backends.cudnn.allow_tf32 = True  # torch's default: a run must set the flags itself
+        record, _ = run_in_process(tiny_cfg(**{"fed.rounds": 1}))
+        ex = record["execution"]
+        assert (ex["device"], ex["precision"], ex["loss_scaling"], ex["threads_per_rank"]) == ("cpu", "32-true", False, 1)
+        assert ex["math"] == {"gpu_math": "strict", "tf32_matmul": False, "tf32_cudnn": False,
+                              "cudnn_deterministic": True, "cudnn_benchmark": False}
+        assert record["config"]["gpu_math"] == "strict"
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved["tf32_cudnn"]
+        torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
