@@ -27,7 +27,7 @@ from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings
-from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, waiting_on
+from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, nccl_error_handling, waiting_on
 from bench.records import git_commit, package_versions, rank_idle, record_path, summarise
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
@@ -65,6 +65,8 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     from lightning.fabric.strategies import DDPStrategy
 
     ranks = cfg.devices * cfg.num_nodes
+    if ranks > 1:
+        nccl_error_handling()
     strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if ranks > 1 else "auto"
     try:
         return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy,

@@ -31,6 +31,22 @@ def launch_timeout(minutes: float) -> timedelta:
     return timedelta(minutes=max(minutes, SETUP_MINUTES))
 
 
+NCCL_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+def nccl_error_handling() -> dict[str, str]:
+    """Make an NCCL collective that times out raise in the waiting rank (as gloo's do), so that
+    ``waiting_on`` names the rank and round: without blocking wait NCCL's watchdog thread aborts the
+    process on expiry and no handler runs. (Async error handling 2, "clean up only": the watchdog
+    aborts the communicators but does not kill the process.) Set before the process group starts (make_fabric), inherited
+    by the ranks Fabric launches; a value the user set is kept. Returns what is now in effect."""
+    import os
+
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in NCCL_ENV}
+
+
 def set_collective_timeout(fabric, minutes: float) -> None:
     """Every later collective of this process group gives up after ``minutes``."""
     _state["minutes"] = minutes

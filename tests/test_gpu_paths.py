@@ -180,3 +180,16 @@ def test_every_run_record_carries_precision_math_and_threads(tiny_cfg):
     finally:
         torch.backends.cudnn.allow_tf32 = saved["tf32_cudnn"]
         torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+
+
+# ---- item 2: NCCL timeouts raise in the waiting rank ----------------------------------------------
+def test_a_multi_rank_fabric_asks_nccl_to_raise_on_timeout(monkeypatch, tiny_cfg):
+    from bench.experiment import make_fabric
+
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # the user's own choice stays
+    make_fabric(tiny_cfg(devices=1))
+    assert "TORCH_NCCL_BLOCKING_WAIT" not in os.environ  # one rank: no process group, nothing set
+    make_fabric(tiny_cfg(devices=2))  # not launched: the ranks would inherit this environment
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
