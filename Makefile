@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 lint clean-results
+.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -98,6 +98,10 @@ bench-round: install
 # The offline table2 (every run forced) with its configured 2 ranks vs --jobs 2: wall time of each (~25 min)
 bench-table2: install
 	$(OFFLINE) $(BIN)/fedbench bench --cases table2 $(ARGS)
+
+# On a machine with a CUDA GPU: what only a GPU can show (bench/gpu_check.py), pass/fail per item, < 5 min
+gpu-check: install
+	$(OFFLINE) $(BIN)/python -m bench.gpu_check $(ARGS)
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

@@ -193,3 +193,17 @@ def test_a_multi_rank_fabric_asks_nccl_to_raise_on_timeout(monkeypatch, tiny_cfg
     make_fabric(tiny_cfg(devices=2))  # not launched: the ranks would inherit this environment
     assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
+    """`make gpu-check`'s items run on the CPU (`--device cpu`): each judged one passes and names what
+    it measured; without a CUDA device the default run says there is nothing to check."""
+    from bench.gpu_check import main
+
+    assert main(["--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for item in ("1 per-client round", "2 float16 loss scaling", "3 strict float32", "4 determinism", "5 devices auto"):
+        assert f"PASS  {item}" in out
+    assert "loss scaling False (expected False)" in out and "all judged items passed" in out
+    if not torch.cuda.is_available():
+        assert main([]) == 0 and "no CUDA device visible" in capsys.readouterr().out

@@ -1,0 +1,150 @@
+"""`make gpu-check`: what only a real GPU can show (issue 31), in a few minutes, pass/fail per item.
+
+    python -m bench.gpu_check            # on the CUDA device(s) at hand
+    python -m bench.gpu_check --device cpu   # the same checks on the CPU (what the test suite runs)
+
+Checks, each on sklearn's digits (offline) with the small CNN:
+1. per-client round: FedRep (a per-client protocol) runs two rounds on the device (round 0 used to
+   crash on CUDA: a CPU metrics table added into the CUDA round buffer);
+2. float16 loss scaling: a 16-mixed FedAvg run records loss scaling on CUDA and ends with finite metrics;
+3. strict float32: under gpu_math "strict" a float32 matmul matches float64 to float32 accuracy
+   (TF32 would be ~1e-3 off); "fast" is reported, not judged (TF32 needs an Ampere+ GPU);
+4. determinism: FedProto (class feature sums, prototypes) twice under "strict" gives identical numbers;
+5. devices auto: one rank per visible GPU (up to the clients per round);
+6. host syncs: one FedAvg round's local steps under ``torch.cuda.set_sync_debug_mode("warn")`` -
+   reported (count of sync warnings), not judged.
+The NCCL stall timeout needs two GPUs and a stalled rank: `fedbench run --devices 2 --timeout 0.2` with
+a rank stopped by hand (README, "GPUs") shows it.
+
+Exit status 0 when every judged item passed, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from bench.config import RunConfig
+from bench.core.numerics import apply_gpu_math
+
+
+def tiny_config(root: str, method: str, accelerator: str, **overrides) -> RunConfig:
+    cfg = RunConfig()
+    cfg.method.name, cfg.method.backbone, cfg.method.lr = method, "simple-cnn", 0.05
+    cfg.data.name, cfg.data.cache_dir = "digits", f"{root}/cache"
+    cfg.partition.num_clients, cfg.partition.beta, cfg.partition.min_size = 4, 0.5, 20
+    cfg.fed.rounds, cfg.fed.sample_ratio, cfg.fed.batch_size = 2, 1.0, 32
+    cfg.accelerator, cfg.devices, cfg.progress = accelerator, 1, False
+    cfg.output_dir, cfg.checkpoint_dir = f"{root}/runs", f"{root}/ckpt"
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def run(cfg: RunConfig) -> dict:
+    from bench.experiment import make_fabric, run_experiment
+
+    fabric = make_fabric(cfg)
+    fabric.launch()
+    return run_experiment(cfg, fabric)
+
+
+def check_per_client_round(root: str, accelerator: str) -> tuple[bool, str]:
+    record = run(tiny_config(root, "fedrep", accelerator, experiment="per_client"))
+    acc = record["final"]["test/accuracy"]
+    return acc == acc, f"FedRep, 2 rounds on {record['execution']['device']}: test accuracy {acc:.2f}"
+
+
+def check_loss_scaling(root: str, accelerator: str) -> tuple[bool, str]:
+    precision = "16-mixed" if accelerator == "cuda" else "bf16-mixed"  # the CPU has no float16 autocast
+    record = run(tiny_config(root, "fedavg", accelerator, precision=precision, experiment="fp16"))
+    ex, acc = record["execution"], record["final"]["test/accuracy"]
+    expected = ex["device"].startswith("cuda")
+    ok = ex["loss_scaling"] == expected and acc == acc
+    return ok, f"{precision} on {ex['device']}: loss scaling {ex['loss_scaling']} (expected {expected}), accuracy {acc:.2f}"
+
+
+def check_strict_float32(device: torch.device) -> tuple[bool, str]:
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(512, 512, generator=gen), torch.randn(512, 512, generator=gen)
+    exact = a.double() @ b.double()
+    errors = {}
+    for mode in ("strict", "fast"):
+        apply_gpu_math(mode)
+        errors[mode] = ((a.to(device) @ b.to(device)).double().cpu() - exact).abs().max().item() / exact.abs().max().item()
+    apply_gpu_math("strict")
+    return errors["strict"] < 1e-5, (f"relative matmul error: strict {errors['strict']:.1e} (float32: < 1e-5), "
+                                     f"fast {errors['fast']:.1e} (TF32 on Ampere+: ~1e-3)")
+
+
+def check_determinism(root: str, accelerator: str) -> tuple[bool, str]:
+    runs = [run(tiny_config(f"{root}/{i}", "fedproto", accelerator, experiment="determinism")) for i in range(2)]
+    curves = [[h["metrics"].get("test/accuracy") for h in r["history"] if h.get("metrics")] for r in runs]
+    return curves[0] == curves[1], f"FedProto twice under strict: {curves[0]} vs {curves[1]}"
+
+
+def check_devices_auto(accelerator: str) -> tuple[bool, str]:
+    from bench.workers import auto_layout, visible_gpus
+
+    gpus = len(visible_gpus(accelerator))
+    cfg = tiny_config("/tmp", "fedavg", accelerator)
+    ranks, _, why = auto_layout(cfg, False, 8, can_launch=True)
+    expected = max(1, min(gpus, 8)) if gpus else ranks
+    return ranks == expected, f"{gpus} visible GPU(s): devices auto -> {why}"
+
+
+def check_host_syncs(root: str, accelerator: str, device: torch.device) -> tuple[bool | None, str]:
+    if device.type != "cuda":
+        return None, "CPU: no host syncs to count"
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run(tiny_config(root, "fedavg", accelerator, experiment="syncs"))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return None, f"one 2-round FedAvg run: {syncs} synchronizing calls (reported, not judged)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="GPU checks of fedbench (issue 31): pass/fail per item.")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda (default): the GPU checks; cpu: the same checks on the CPU (a dry run)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False): nothing to check here. "
+              "Run it on a GPU machine, or `python -m bench.gpu_check --device cpu` for a dry run.")
+        return 0
+    device = torch.device(args.device)
+    accelerator = "cuda" if args.device == "cuda" else "cpu"
+    with tempfile.TemporaryDirectory(prefix="fedbench-gpu-check-") as root:
+        checks: list[tuple[str, Callable[[], tuple[bool | None, str]]]] = [
+            ("1 per-client round", lambda: check_per_client_round(f"{root}/1", accelerator)),
+            ("2 float16 loss scaling", lambda: check_loss_scaling(f"{root}/2", accelerator)),
+            ("3 strict float32", lambda: check_strict_float32(device)),
+            ("4 determinism", lambda: check_determinism(f"{root}/4", accelerator)),
+            ("5 devices auto", lambda: check_devices_auto(accelerator)),
+            ("6 host syncs", lambda: check_host_syncs(f"{root}/6", accelerator, device)),
+        ]
+        failed = 0
+        for name, check in checks:
+            start = time.perf_counter()
+            try:
+                ok, detail = check()
+            except Exception as err:  # a crash is this item's failure; the others still run
+                ok, detail = False, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            verdict = {True: "PASS", False: "FAIL", None: "INFO"}[ok]
+            failed += ok is False
+            print(f"{verdict}  {name}: {detail} ({time.perf_counter() - start:.0f} s)", flush=True)
+    print(f"gpu-check on {device}: {'all judged items passed' if not failed else f'{failed} item(s) failed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
