@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             from bench.experiment import run_experiment
             from bench.reporting.wandb_logger import wandb_observer
 
+            from bench.records import record_path
+
             cfg = parse_run(rest)
+            path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+            earlier = path.exists()  # a record of this very configuration (its name is its identity)
             record = run_experiment(cfg, observer=wandb_observer(cfg))
             from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items()
                           if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
                 print(f"{record['run_name']}: {shown}")
+                how = "replaced the record of an earlier run of this configuration" if earlier else "new"
+                print(f"record: {path} ({how})")
             return 0
         if command == "table":
             from bench.reporting.table_runner import main as table_main

@@ -140,6 +140,22 @@ class RunConfig:
     progress: bool = field(default=True, metadata=EXECUTION)
 
     def run_name(self) -> str:
+        """The run's record name: the readable part (``readable_name``) and ``result_identity``, so that
+        two configurations that differ in any result option (rounds, epochs, lr, sample caps, ...) never
+        share a record, checkpoint or W&B run."""
+        return f"{self.readable_name()}_{self.result_identity()}"
+
+    def result_identity(self) -> str:
+        """8 hex digits of the result options that differ from their defaults (execution options such
+        as devices, threads or output paths do not count; an option added later at its default
+        changes no identity)."""
+        ours = json.loads(json.dumps(result_config(self.to_dict()), default=str))
+        defaults = json.loads(json.dumps(result_config(RunConfig().to_dict()), default=str))
+        changed = json.dumps(non_default(ours, defaults), sort_keys=True)
+        return hashlib.sha1(changed.encode()).hexdigest()[:8]
+
+    def readable_name(self) -> str:
+        """method[-options digest][@protocol]_data_partition_cN_sSEED: what the run is, at a glance."""
         p = self.partition
         part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
                 "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}
@@ -190,6 +206,20 @@ def result_config(d: dict[str, Any]) -> dict[str, Any]:
         if key in OPTION_GROUPS and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in execution_keys(OPTION_GROUPS[key])}
         out[key] = value
+    return out
+
+
+def non_default(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that differ from ``defaults`` (nested dicts compared key by key)."""
+    out = {}
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(value, dict) and isinstance(default, dict) and default:
+            sub = non_default(value, default)
+            if sub:
+                out[key] = sub
+        elif value != default or key not in defaults:
+            out[key] = value
     return out
 
 

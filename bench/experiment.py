@@ -26,7 +26,7 @@ from bench.core.errors import FedbenchError, PartitionError
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
-from bench.health import collapse_warnings
+from bench.health import collapse_warnings, idle_option_warnings
 from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, nccl_error_handling, waiting_on
 from bench.records import git_commit, package_versions, rank_idle, record_path, summarise
 from bench.speed_options import apply_speed_options, with_channels_last
@@ -186,7 +186,7 @@ def partition_plot_path(cfg: RunConfig) -> Path:
     d = cfg.data
     parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
     key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
-    name = cfg.run_name().split("_", 1)[1]  # the run name without the method
+    name = cfg.readable_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
@@ -251,6 +251,10 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
                      groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob,
                      shard_mode=p.shard_mode, client_proportions=p.proportions)
     module = build_module(cfg, dm)
+    idle = idle_option_warnings(cfg, module)
+    if fabric.global_rank == 0:
+        for warning in idle:  # at the start, so that a user can stop a run that cannot show what it should
+            print(f"fedbench: warning: {cfg.run_name()}: {warning}", flush=True)
     fabric.to_device(module)
     dtype = PRECISION_DTYPES.get(cfg.precision, torch.float32)  # bf16-mixed: float32 weights under autocast
     if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
@@ -306,7 +310,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         record["resumed"] = resumed
         if resumed.get("forced_differences"):
             record["resumed_with_force"] = resumed["forced_differences"]
-    record["warnings"] = collapse_warnings(record)
+    record["warnings"] = idle + collapse_warnings(record)
     if fabric.global_rank == 0:
         for warning in record["warnings"]:
             print(f"fedbench: warning: {cfg.run_name()}: {warning}", file=sys.stderr, flush=True)

@@ -38,3 +38,16 @@ def collapse_warnings(record: dict) -> list[str]:
                        f"({rnd}): training collapsed (lr too high or diverged); its metrics are chance level.")
             break
     return out
+
+
+def idle_option_warnings(cfg, module) -> list[str]:
+    """Options that never act in this run's rounds: the method's own (``idle_options``: FedBM's generator
+    with gen_start >= rounds) and lr milestones at or after the last round. Printed when the run starts
+    and stored in the record's warnings (tables show them beside the row's cell)."""
+    rounds = cfg.fed.rounds
+    out = list(module.idle_options(rounds))
+    late = [m for m in cfg.fed.lr_milestones if m >= rounds]
+    if late:
+        out.append(f"fed.lr_milestones {late} lie at or after the last round (fed.rounds={rounds}): they never "
+                   "change the lr. Drop them or run more rounds.")
+    return out

@@ -334,6 +334,12 @@ class FederatedModule(L.LightningModule):
         the one left after this hook."""
         return evaluate()
 
+    def idle_options(self, rounds: int) -> list[str]:
+        """Warnings for options of this method that never act in a run of ``rounds`` rounds (an option
+        that only acts after some round): the run then equals another method's, which a user comparing
+        the two must be told. Stored in the record and shown in tables (bench/health.py)."""
+        return []
+
     # ---- federated shape and server ------------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
         """Runs once before the first round, on every rank, with the device-resident splits;

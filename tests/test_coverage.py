@@ -197,15 +197,15 @@ def test_betas_are_sugar_for_dirichlet_columns():
     assert got[("B", "iid")] == ("iid", 0.5, 2, 3)
 
 
-def test_identical_rows_share_one_run_and_conflicting_ones_fail():
+def test_identical_rows_share_one_run_and_rows_that_differ_get_their_own():
     from bench.reporting.table_runner import distinct_runs
 
     rows = [{"label": "FedBM (VI)", "method": {"name": "fedavg"}}, {"label": "FedBM (IX)", "method": {"name": "fedavg"}}]
     runs = plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0, 1], "rows": rows})
     assert len(runs) == 4 and len(distinct_runs(runs)) == 2
-    rows[1]["fed"] = {"rounds": 7}  # same record name, different options
-    with pytest.raises(FedbenchError, match="would write the same run record"):
-        plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0], "rows": rows})
+    rows[1]["fed"] = {"rounds": 7}  # differs in a result option only: its own record (issue 27), in one table
+    runs = plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0], "rows": rows})
+    assert len(distinct_runs(runs)) == 2 and len({r.cfg.run_name() for r in runs}) == 2
 
 
 # ---- round rules -------------------------------------------------------------------------------

@@ -40,13 +40,11 @@ GOOD = [{"label": "FedAvg", "method": {"name": "fedavg"}}, {"label": "FedProx", 
      "row 'Bad' (beta 0.5, seed 0): fed.lr_decay must be in (0, 1]"),
     ({"label": "Bad", "method": {"name": "fedavg"}, "data": {"name": "fashion-mnist", "root": "/nonexistent/fm"}},
      "Dataset 'fashion-mnist' not found at '/nonexistent/fm'"),
-    ({"label": "Bad", "method": {"name": "fedavg", "optimizer": "adam"}},
-     "rows 'FedAvg' and 'Bad' would write the same run record (fedavg_digits_dir0.5_c4_s0) with different options"),
     ({"label": "Bad", "method": {"name": "fedavg"},
       "partition": {"scheme": "shards", "shard_mode": "per_class", "shards_per_client": 2}},
      ("row 'Bad' (beta 0.5, seed 0): shards (per_class): 4 clients x 2 shards = 8 shards do not divide evenly "
       "over the 10 classes")),
-], ids=["arg-type", "arg-typo", "yaml-type", "range", "missing-data", "record-collision", "per-class-shards"])
+], ids=["arg-type", "arg-typo", "yaml-type", "range", "missing-data", "per-class-shards"])
 def test_a_bad_last_row_stops_the_table_before_any_run(tmp_path, capsys, last_row, message):
     code = main(table(tmp_path, [*GOOD, last_row]))
     err = capsys.readouterr().err

@@ -1,0 +1,97 @@
+"""Issue 27, part 1: no wrong comparison without a word. A record's name holds its whole result
+configuration (runs of different budgets never replace each other; `fedbench run` says where its record
+went and whether it replaced one), and options that never act in a run's rounds are warned about at the
+start, in the record and in tables."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import digits_run_argv, run_in_process
+
+from bench.cli import main
+from bench.config import RunConfig
+from bench.records import load_record, record_path
+
+CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}
+
+
+def test_every_result_option_is_part_of_the_record_name():
+    base = RunConfig()
+    names = {base.run_name()}
+    for group, key, value in [("fed", "rounds", 2), ("fed", "local_epochs", 3), ("data", "max_train_samples", 500),
+                              ("data", "image_size", 64), ("method", "lr", 0.5), ("fed", "lr_decay", 0.99),
+                              ("precision", None, "64-true")]:
+        cfg = RunConfig()
+        if key is None:
+            setattr(cfg, group, value)
+        else:
+            setattr(getattr(cfg, group), key, value)
+        assert cfg.readable_name() == base.readable_name() or group == "method"
+        names.add(cfg.run_name())
+    assert len(names) == 8  # the default and 7 budgets/options: 8 distinct records
+    assert re.fullmatch(r"fedavg_fashion-mnist_dir0\.5_c10_s0_[0-9a-f]{8}", base.run_name())
+
+
+def test_execution_options_and_defaults_stated_explicitly_keep_the_name():
+    base = RunConfig()
+    other = RunConfig(devices=2, threads=1, progress=False, output_dir="/elsewhere", timeout=3.0, wandb=True)
+    assert other.run_name() == base.run_name()
+    explicit = RunConfig(gpu_math="strict")  # an option at its default (e.g. one added later) changes nothing
+    explicit.fed.rounds = RunConfig().fed.rounds
+    assert explicit.run_name() == base.run_name()
+
+
+def test_a_short_try_does_not_replace_the_longer_runs_record(tmp_path, capsys):
+    """`fedbench run` with 2 rounds and then 1 round of the same method, data and seed: two records, and
+    each run prints its path; a rerun of the 1-round configuration says it replaced that record."""
+    argv = digits_run_argv(tmp_path)
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main([*argv, "--fed.rounds", "1"]) == 0
+    second = capsys.readouterr().out
+    assert main([*argv, "--fed.rounds", "1"]) == 0
+    third = capsys.readouterr().out
+    paths = sorted((tmp_path / "runs" / "default").glob("fedavg_digits_*.json"))
+    assert len(paths) == 2
+    rounds = sorted(len(load_record(p)["history"]) for p in paths)
+    assert rounds == [1, 2]
+    for out in (first, second):
+        (line,) = [x for x in out.splitlines() if x.startswith("record: ")]
+        assert line.endswith("(new)") and (tmp_path / "runs" / "default").as_posix() in line
+    assert "(replaced the record of an earlier run of this configuration)" in third
+    one_round = [x for x in second.splitlines() if x.startswith("record: ")][0]
+    assert one_round.split()[1] in third
+
+
+def test_fedbm_without_a_generator_round_warns_at_the_start_and_in_the_record(tiny_cfg, capsys, tmp_path):
+    """FedBM with gen_start 5 in a 3-round run is FedCB: said on stdout before the rounds, stored in the
+    record (tables show record warnings beside the cell); with gen_start 1 nothing is said."""
+    text = str(tmp_path / "text")
+    idle = tiny_cfg(**{"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 3,
+                       "fed.sample_ratio": 1.0, "method.name": "fedbm",
+                       "method.args": {**CHEAP_GEN, "gen_start": 5, "text_cache_dir": text}})
+    record, _ = run_in_process(idle)
+    out = capsys.readouterr().out
+    assert "FedBM's generator never acts" in out and "gen_start=5" in out and "fed.rounds=3" in out
+    assert "at most 2" in out and "this run equals FedCB" in out
+    assert any("FedBM's generator never acts" in w for w in record["warnings"])
+    stored = load_record(record_path(idle.output_dir, idle.experiment, idle.run_name()))
+    assert stored["warnings"] == record["warnings"]
+    active = tiny_cfg(**{"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 3,
+                         "fed.sample_ratio": 1.0, "method.name": "fedbm",
+                         "method.args": {**CHEAP_GEN, "gen_start": 2, "text_cache_dir": text}})
+    record, _ = run_in_process(active)
+    assert "never acts" not in capsys.readouterr().out and record["warnings"] == []
+
+
+@pytest.mark.parametrize("milestones, warned", [([1, 5], [5]), ([1, 2], [])])
+def test_lr_milestones_after_the_last_round_are_named(tiny_cfg, capsys, milestones, warned):
+    record, _ = run_in_process(tiny_cfg(**{"fed.rounds": 3, "fed.lr_milestones": milestones}))
+    late = [w for w in record["warnings"] if "lr_milestones" in w]
+    if warned:
+        assert late == [f"fed.lr_milestones {warned} lie at or after the last round (fed.rounds=3): they never "
+                        "change the lr. Drop them or run more rounds."]
+        assert late[0] in capsys.readouterr().out
+    else:
+        assert late == []
