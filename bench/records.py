@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 
 # the distributions whose versions every run record and regression reference stores
@@ -65,6 +66,19 @@ def record_path(output_dir: str, experiment: str, run_name: str) -> Path:
     return Path(output_dir) / experiment / f"{run_name}.json"
 
 
+class RecordError(FedbenchError):
+    """A run record that cannot be read back (truncated, not JSON, or not a JSON object)."""
+
+
 def load_record(path: str | os.PathLike) -> dict:
-    with open(path) as fh:
-        return json.load(fh)
+    """The run record at ``path``; a broken one raises RecordError naming the file and what to do."""
+    try:
+        with open(path) as fh:
+            rec = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RecordError(f"Run record {path} is unreadable ({err}): it was cut short or edited. Delete it, or "
+                          "rerun its table with --force (a table run without --render-only reruns it).") from err
+    if not isinstance(rec, dict):
+        raise RecordError(f"Run record {path} holds a JSON {type(rec).__name__}, not a record (a JSON object). "
+                          "Delete it, or rerun its table with --force (a table run without --render-only reruns it).")
+    return rec

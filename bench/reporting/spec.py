@@ -41,13 +41,27 @@ def check_overrides(overrides: dict, where: str, allowed: Iterable[str] = RUN_KE
             check_keys(overrides[group], [f.name for f in dataclasses.fields(cls)], where, within=group)
 
 
+def read_yaml(path: Path) -> Any:
+    """The YAML document at ``path``, read with ``yaml.safe_load`` (no tag can run code); a syntax error
+    or a tag (``!!python/...``) is one FedbenchError naming the file, line and column."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if "constructor" in type(err).__name__.lower() or "tag" in str(problem):
+            problem = f"{problem} (YAML tags such as !!python/... are not allowed in fedbench configs: plain values only)"
+        raise FedbenchError(f"{where}: not valid YAML: {problem}.") from err
+
+
 def load_spec(path: str, what: str, keys: Iterable[str], not_found_hint: str = "") -> dict[str, Any]:
     """The YAML mapping at ``path`` (a ``what``, e.g. "Table config"): its keys within ``keys``,
     its ``base`` valid RunConfig overrides."""
     p = Path(path)
     if not p.exists():
         raise FedbenchError(f"{what} {path!r} not found.{not_found_hint}")
-    spec = yaml.safe_load(p.read_text()) or {}
+    spec = read_yaml(p) or {}
     if not isinstance(spec, dict):
         raise FedbenchError(f"{path}: a {what.lower()} is a mapping of keys ({sorted(keys)}).")
     check_keys(spec, keys, path)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,8 @@ from tqdm.auto import tqdm
 
 from bench.code_version import code_version
 from bench.config import OPTION_GROUPS, RunConfig, result_config
-from bench.core.errors import FedbenchError
-from bench.records import load_record, record_path
+from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.records import RecordError, load_record, record_path
 from bench.reporting.columns import columns_from, table_columns
 from bench.reporting.spec import canonical, check_overrides, deep_merge, load_spec, run_config, with_defaults
 from bench.reporting.table_overrides import TableOverrides
@@ -202,7 +203,11 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
     if not path.exists():
         return None, "no record"
-    rec = load_record(path)
+    try:
+        rec = load_record(path)
+    except RecordError as err:  # a broken record is an unfinished run: rerun it (and say so)
+        warnings.warn(FedbenchWarning(f"{err} It is rerun now."), stacklevel=2)
+        return None, "unreadable record"
     recorded = with_defaults(rec.get("config", {}))  # options added since the record count at their defaults
     same = canonical(result_config(recorded)) == canonical(result_config(cfg.to_dict()))
     if not same:

@@ -1,0 +1,64 @@
+"""Issue 27, part 3: one clear error for every bad file, naming it. A truncated or non-object run record
+(a table run reruns it with a warning; --render-only stops naming the file), a table YAML with a syntax
+error or a code-running tag (file, line and column; nothing runs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_table_checks import GOOD, table
+
+from bench.cli import main
+from bench.core.errors import FedbenchError
+from bench.records import RecordError, load_record
+
+
+@pytest.mark.parametrize("content, says", [('{"run_name": "x", "config": {', "is unreadable"),
+                                            ("[1, 2]", "holds a JSON list, not a record")])
+def test_a_broken_record_is_named_with_what_to_do(tmp_path, content, says):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    with pytest.raises(RecordError) as err:
+        load_record(path)
+    assert str(path) in str(err.value) and says in str(err.value)
+    assert "Delete it, or rerun its table with --force" in str(err.value)
+
+
+def test_a_truncated_record_is_rerun_by_a_table_and_refused_by_render_only(tmp_path, capsys):
+    argv = table(tmp_path, GOOD[:1])
+    assert main(argv) == 0
+    (path,) = (tmp_path / "runs").rglob("fedavg_*.json")
+    good = path.read_text()
+    path.write_text(good[: len(good) // 2])  # cut short, as by a full disk
+    capsys.readouterr()
+    assert main([*argv, "--render-only"]) == 2
+    err = capsys.readouterr().err
+    assert f"Run record {path} is unreadable" in err and "Traceback" not in err and err.count("fedbench: error") == 1
+    assert main(argv) == 0  # a table run treats it as unfinished: reruns it, says so once
+    err = capsys.readouterr().err
+    assert err.count(f"Run record {path} is unreadable") == 1 and "It is rerun now." in err
+    assert json.loads(path.read_text())["config"] == json.loads(good)["config"]
+
+
+@pytest.mark.parametrize("text, where, says", [
+    ("table: t\nrows:\n  - label: A\n    method: {name: fedavg\n", "line 5, column 1", "expected ',' or '}'"),
+    ('table: !!python/object/apply:os.system ["touch {marker}"]\n', "line 1, column 8",
+     "YAML tags such as !!python/... are not allowed"),
+])
+def test_a_bad_table_yaml_names_file_line_and_column(tmp_path, capsys, text, where, says):
+    marker = tmp_path / "ran"
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("{marker}", str(marker)))
+    assert main(["table", "--config", str(path), "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert f"fedbench: error: {path}, {where}: not valid YAML: " in err and says in err
+    assert "Traceback" not in err and not marker.exists()  # the tag was refused, never run
+
+
+def test_read_yaml_errors_are_fedbench_errors(tmp_path):
+    from bench.reporting.spec import read_yaml
+
+    path = tmp_path / "x.yaml"
+    path.write_text("a: [1\n")
+    with pytest.raises(FedbenchError, match=r"x\.yaml, line 2, column 1: not valid YAML"):
+        read_yaml(path)
