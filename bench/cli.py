@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import typing
 import warnings
@@ -19,6 +20,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
+from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
@@ -79,6 +81,25 @@ def main(argv: list[str] | None = None) -> int:
     apply_allocator_policy()  # before torch allocates anything (bench/core/allocator.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning
+    if launched_by_fabric():  # a rank Fabric started: it ends with rank 0's process, even on SIGKILL
+        die_with_parent(signal.SIGKILL)  # (SIGKILL: a rank blocked in a collective runs no Python handler)
+    previous = terminate_on_sigterm()
+    try:
+        return run_command(argv)
+    except (KeyboardInterrupt, Interrupted) as stop:
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+            print(f"fedbench: interrupted ({what}): stopped every rank and worker. Finished runs kept their records; "
+                  "an unfinished run wrote none (rerun it, or resume it with --resume true if it checkpointed).",
+                  file=sys.stderr, flush=True)
+        return 130 if isinstance(stop, KeyboardInterrupt) else 143
+    finally:
+        if previous is not None:  # main() called from Python (tests): give the caller its handler back
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_command(argv: list[str]) -> int:
+    """One fedbench command (argv after the program name); its exit status."""
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

@@ -23,6 +23,7 @@ from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
+from bench.core.lifetime import wait_for_children
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
@@ -74,6 +75,15 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
         raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
                             f"num_nodes={cfg.num_nodes}, precision={cfg.precision!r}: {err}") from err
+
+
+def wait_for_launched_ranks(fabric: Fabric) -> None:
+    """In the process that launched the other ranks (Fabric's subprocess launcher): return only after
+    they have exited (bench/core/lifetime.py). Elsewhere (torchrun, SLURM, one rank) nothing to wait for."""
+    launcher = getattr(fabric.strategy, "launcher", None)
+    procs = getattr(launcher, "procs", None) or []
+    if procs:
+        wait_for_children(procs)
 
 
 def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -239,7 +249,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         torch.set_num_threads(cfg.threads)
     apply_gpu_math(cfg.gpu_math)
     run_dir = Path(cfg.output_dir) / cfg.experiment
-    if fabric is None:
+    own_fabric = fabric is None
+    if own_fabric:
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
     started = time.time()
@@ -327,4 +338,6 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         write_json(path, record)
     with waiting_on(fabric, "rank 0 to write the record"):
         fabric.barrier()
+    if own_fabric:
+        wait_for_launched_ranks(fabric)
     return record

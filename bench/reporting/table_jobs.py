@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from bench.config import RunConfig, from_dict
+from bench.core.lifetime import Interrupted, die_with_parent
 from bench.core.errors import FedbenchError
 from bench.workers import auto_layout, clients_per_round, cpu_cores, visible_gpus
 
@@ -54,6 +56,8 @@ def _start_worker(threads: int, gpus: list[str], slot) -> None:
     """A --jobs worker's setup: its allocator, its threads and, on a GPU machine, its own GPU (the
     next free of ``gpus``, counted by the shared ``slot``), made its only visible device before CUDA
     starts, so that its runs' ``cuda:0`` is that GPU."""
+    die_with_parent()  # the table's process gone (any signal, even SIGKILL): this worker stops too
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the table's to handle: it stops the workers
     if gpus:
         with slot.get_lock():
             index, slot.value = slot.value, slot.value + 1
@@ -88,12 +92,29 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
                              initargs=(threads, gpus, context.Value("i", 0))) as pool:
         futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations): r for cfg, r in zip(configs, todo)}
-        for future in as_completed(futures):
-            err = future.exception()
-            if err is not None:  # runs already going finish (their records are valid); the rest never start
-                pool.shutdown(wait=False, cancel_futures=True)
-                bar.close()
-                raise FedbenchError(f"{label(futures[future])}: {err}") from err
-            bar.update(1)
-            bar.set_postfix_str(future.result())
+        try:
+            for future in as_completed(futures):
+                err = future.exception()
+                if err is not None:  # runs already going finish (their records are valid); the rest never start
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    bar.close()
+                    raise FedbenchError(f"{label(futures[future])}: {err}") from err
+                bar.update(1)
+                bar.set_postfix_str(future.result())
+        except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: stop the workers now, not after their runs
+            bar.close()
+            stop_workers(pool)
+            raise
     bar.close()
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and terminate the running workers (their half-done runs leave no
+    record: records are written atomically at a run's end). ``_processes`` is the executor's own table
+    of its worker processes (CPython's, stable since 3.2); it has no public way to stop a running task."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        proc.join(timeout=10)

@@ -366,7 +366,7 @@ def check_data(todo: list[PlannedRun]) -> None:
 def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
     """Run the runs without a matching record; returns this process's global rank. ``annotations``
     (the command-line overrides) are stored in every record and W&B run."""
-    from bench.experiment import make_fabric, run_experiment
+    from bench.experiment import make_fabric, run_experiment, wait_for_launched_ranks
     from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()
@@ -401,4 +401,5 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
         bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")
         run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir, annotations),
                        annotations=annotations)
+    wait_for_launched_ranks(fabric)
     return fabric.global_rank
