@@ -154,11 +154,18 @@ class FederatedDataModule(L.LightningDataModule):
         root = str(Path(self.root).expanduser().resolve()) if self.root else "-"
         return f"{self.name}|{root}|{self.image_size}|v{self.decode_version}"
 
+    def check_labels(self, splits: dict[str, TensorSplit]) -> None:
+        """ValueError when a split's labels fall outside 0..num_classes-1 (a damaged or foreign cache)."""
+        for name, split in splits.items():
+            if len(split) and (int(split.labels.min()) < 0 or int(split.labels.max()) >= self.num_classes):
+                raise ValueError(f"its {name!r} split has labels outside 0..{self.num_classes - 1} "
+                                 f"(min {int(split.labels.min())}, max {int(split.labels.max())})")
+
     def load_splits(self) -> tuple[TensorSplit, TensorSplit, TensorSplit]:
         """(train, val, test) from the decoded cache (keyed by the source files' fingerprint, set by
         setup); val is carved from train when the data has none."""
         splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint,
-                               required=("train", "test"))
+                               required=("train", "test"), check=self.check_labels)
         train = splits["train"]
         val: TensorSplit | None
         if "val" in splits:

@@ -98,19 +98,24 @@ def cached_splits(raw: dict, required: Sequence[str], grouped: Sequence[str]) ->
 def cached_decode(
     cache_dir: str | os.PathLike, key: str, decode: Callable[[], dict[str, TensorSplit]], fingerprint: str = "-",
     required: Sequence[str] = (), grouped: Sequence[str] = (),
+    check: Callable[[dict[str, TensorSplit]], None] | None = None,
 ) -> dict[str, TensorSplit]:
     """Return the decoded splits for ``key``, decoding with ``decode()`` only when the cache file is
     missing, unreadable, was built from other files (``fingerprint``, see datamodules/fingerprint.py),
     or holds another format than this version writes (a file of an older or other fedbench: any
     other layout, without one of the ``required`` split names, or without group ids in a ``grouped``
-    split, is decoded again and replaced)."""
+    split, is decoded again and replaced). ``check(splits)`` may refuse a loaded file's contents with a
+    ValueError (labels outside the dataset's classes): it is decoded again, with a notice."""
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.pt"
     raw = _read_cache(path) if path.exists() else None
     if raw is not None:
         if raw.get("key") == key and raw.get("fingerprint") == fingerprint:
             try:
-                return cached_splits(raw, (*required, *grouped), grouped)
+                splits = cached_splits(raw, (*required, *grouped), grouped)
+                if check is not None:
+                    check(splits)
+                return splits
             except (TypeError, ValueError) as err:
                 warnings.warn(f"decode cache {path} is in another format than this fedbench writes ({err}); "
                               "decoding the dataset again.", FedbenchWarning, stacklevel=2)

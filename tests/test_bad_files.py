@@ -62,3 +62,25 @@ def test_read_yaml_errors_are_fedbench_errors(tmp_path):
     path.write_text("a: [1\n")
     with pytest.raises(FedbenchError, match=r"x\.yaml, line 2, column 1: not valid YAML"):
         read_yaml(path)
+
+
+def test_a_decode_cache_with_out_of_range_labels_is_rebuilt_with_a_notice(tmp_path):
+    """A cache file whose key and fingerprint match but whose labels name a 4th class of a 3-class
+    dataset: named in one warning and decoded again (it used to raise a raw ValueError every run)."""
+    import torch
+    from test_decode_cache import class_folders, loaded
+
+    from bench.core.errors import FedbenchWarning
+
+    root, cache = class_folders(tmp_path / "data"), tmp_path / "cache"
+    first = loaded(root, cache)
+    (cache_file,) = cache.iterdir()
+    raw = torch.load(cache_file, weights_only=True)
+    raw["splits"]["train"]["labels"] = raw["splits"]["train"]["labels"] + 3
+    torch.save(raw, cache_file)
+    with pytest.warns(FedbenchWarning) as caught:
+        again = loaded(root, cache)
+    (notice,) = [str(w.message) for w in caught if w.category is FedbenchWarning]
+    assert str(cache_file) in notice and "labels outside 0..2" in notice
+    assert torch.equal(again.train.labels, first.train.labels)
+    assert int(torch.load(cache_file, weights_only=True)["splits"]["train"]["labels"].max()) == 2
