@@ -36,7 +36,7 @@ from bench.workers import resolve_workers
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
 from datamodules.partition import partition, plot_partition
-from datamodules.splits import stratified_split
+from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit
 from lightning_modules.base import METHODS, FederatedModule, needs_loss_scaling
 
@@ -75,6 +75,49 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
         raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
                             f"num_nodes={cfg.num_nodes}, precision={cfg.precision!r}: {err}") from err
+
+
+def partition_of(cfg: RunConfig, labels: np.ndarray, groups: np.ndarray | None):
+    p = cfg.partition
+    return partition(labels, p.scheme, p.num_clients, cfg.seed, beta=p.beta, shards_per_client=p.shards_per_client,
+                     min_size=p.min_size, groups=groups, missing_prob=p.missing_prob, shard_mode=p.shard_mode,
+                     client_proportions=p.proportions)
+
+
+def run_partition(cfg: RunConfig, dm: FederatedDataModule):
+    """The run's partition of dm's training split. When data.max_train_samples kept too few samples for
+    it, the error says so and names the smallest cap (of a geometric ladder from clients x min_size
+    up) whose partition succeeds."""
+    groups = None if dm.train.groups is None else dm.train.groups.numpy()
+    try:
+        return partition_of(cfg, dm.train.labels.numpy(), groups)
+    except PartitionError as err:
+        cap = cfg.data.max_train_samples
+        if not cap or groups is not None:
+            raise
+        works = smallest_working_cap(cfg)
+        fix = (f"--data.max_train_samples {works} works (the smallest of clients x min_size x 1.25^k that does)" if works else
+               "no cap up to the whole training split works: use fewer clients or a smaller partition.min_size")
+        raise PartitionError(f"data.max_train_samples {cap} keeps {len(dm.train)} training samples, too few for "
+                             f"this partition ({err}) {fix}.") from err
+
+
+def smallest_working_cap(cfg: RunConfig) -> int | None:
+    """The smallest data.max_train_samples in needed x 1.25^k (needed = clients x min_size) whose
+    training split partitions without error, or None."""
+    uncapped = copy.deepcopy(cfg)
+    uncapped.data.max_train_samples = None
+    dm = setup_datamodule(uncapped)  # the decode cache: no second decode
+    full = dm.train.labels.numpy()
+    p = cfg.partition
+    cap = max(cfg.data.max_train_samples + 1, p.num_clients * max(1, p.min_size))
+    while cap < len(full):
+        try:
+            partition_of(cfg, full[stratified_subset(full, cap, dm.split_seed)], None)
+            return cap
+        except PartitionError:
+            cap = int(cap * 1.25) + 1
+    return None
 
 
 def wait_for_launched_ranks(fabric: Fabric) -> None:
@@ -250,17 +293,17 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     apply_gpu_math(cfg.gpu_math)
     run_dir = Path(cfg.output_dir) / cfg.experiment
     own_fabric = fabric is None
-    if own_fabric:
+    started = time.time()
+    if own_fabric:  # data and partition before any other rank starts: their errors are printed once, at once
+        dm = setup_datamodule(cfg)
+        part = run_partition(cfg, dm)
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
-    started = time.time()
-    with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
-        dm = setup_datamodule(cfg)
+    else:
+        with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
+            dm = setup_datamodule(cfg)
+        part = run_partition(cfg, dm)
     p = cfg.partition
-    part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta,
-                     shards_per_client=p.shards_per_client, min_size=p.min_size,
-                     groups=None if dm.train.groups is None else dm.train.groups.numpy(), missing_prob=p.missing_prob,
-                     shard_mode=p.shard_mode, client_proportions=p.proportions)
     module = build_module(cfg, dm)
     idle = idle_option_warnings(cfg, module)
     if fabric.global_rank == 0:

@@ -84,3 +84,37 @@ def test_a_decode_cache_with_out_of_range_labels_is_rebuilt_with_a_notice(tmp_pa
     assert str(cache_file) in notice and "labels outside 0..2" in notice
     assert torch.equal(again.train.labels, first.train.labels)
     assert int(torch.load(cache_file, weights_only=True)["splits"]["train"]["labels"].max()) == 2
+
+
+def test_too_small_a_sample_cap_names_the_cap_and_one_that_works(tmp_path, capsys):
+    """--data.max_train_samples 5 for 4 clients used to say "train split empty"-like partition text; now it
+    names the cap as the cause and a cap that works, which then runs."""
+    from conftest import digits_run_argv
+
+    argv = [*digits_run_argv(tmp_path), "--accelerator", "cpu", "--partition.min_size", "20"]
+    assert main([*argv, "--data.max_train_samples", "5"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("fedbench: error:")]
+    assert "data.max_train_samples 5 keeps" in line and "too few for this partition" in line
+    works = int(line.split("--data.max_train_samples ")[1].split()[0])
+    assert works >= 4 * 20 and "Traceback" not in err
+    assert main([*argv, "--data.max_train_samples", str(works), "--fed.rounds", "1"]) == 0
+
+
+@pytest.mark.ddp
+def test_a_data_error_on_two_ranks_is_printed_once_before_any_rank_starts(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, digits_run_argv
+
+    argv = [*digits_run_argv(tmp_path), "--devices", "2", "--accelerator", "cpu", "--data.max_train_samples", "5"]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    seconds = time.perf_counter() - start
+    assert done.returncode == 2
+    assert done.stderr.count("fedbench: error:") == 1 and "data.max_train_samples 5 keeps" in done.stderr
+    assert "gloo" not in done.stderr.lower() and "Traceback" not in done.stderr
+    assert seconds < 30, seconds  # no second rank was started (that alone takes ~10 s)
