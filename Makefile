@@ -99,9 +99,9 @@ bench-round: install
 bench-table2: install
 	$(OFFLINE) $(BIN)/fedbench bench --cases table2 $(ARGS)
 
-# On a machine with a CUDA GPU: what only a GPU can show (bench/gpu_check.py), pass/fail per item, < 5 min
+# On a machine with a CUDA GPU: what only a GPU can show (bench/reporting/gpu_check.py), pass/fail per item, < 5 min
 gpu-check: install
-	$(OFFLINE) $(BIN)/python -m bench.gpu_check $(ARGS)
+	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

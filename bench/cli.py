@@ -20,8 +20,8 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
-from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
+from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -107,12 +107,11 @@ def run_command(argv: list[str]) -> int:
     try:
         if command == "run":
             from bench.experiment import run_experiment
+            from bench.records import run_record_path
             from bench.reporting.wandb_logger import wandb_observer
 
-            from bench.records import record_path
-
             cfg = parse_run(rest)
-            path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+            path = run_record_path(cfg)
             earlier = path.exists()  # a record of this very configuration (its name is its identity)
             record = run_experiment(cfg, observer=wandb_observer(cfg))
             from lightning.fabric.utilities.rank_zero import rank_zero_only

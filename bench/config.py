@@ -139,11 +139,11 @@ class RunConfig:
     wandb_project: str = field(default="fedbench", metadata=EXECUTION)
     progress: bool = field(default=True, metadata=EXECUTION)
 
-    def run_name(self) -> str:
-        """The run's record name: the readable part (``readable_name``) and ``result_identity``, so that
-        two configurations that differ in any result option (rounds, epochs, lr, sample caps, ...) never
-        share a record, checkpoint or W&B run."""
-        return f"{self.readable_name()}_{self.result_identity()}"
+    def record_name(self) -> str:
+        """The name of the run's record file: ``run_name`` and ``result_identity``, so that two
+        configurations that differ in any result option (rounds, epochs, lr, sample caps, ...) never
+        share a record. (``run_name``.json is a link to the latest record of that name.)"""
+        return f"{self.run_name()}_{self.result_identity()}"
 
     def result_identity(self) -> str:
         """8 hex digits of the result options that differ from their defaults (execution options such
@@ -154,8 +154,9 @@ class RunConfig:
         changed = json.dumps(non_default(ours, defaults), sort_keys=True)
         return hashlib.sha1(changed.encode()).hexdigest()[:8]
 
-    def readable_name(self) -> str:
-        """method[-options digest][@protocol]_data_partition_cN_sSEED: what the run is, at a glance."""
+    def run_name(self) -> str:
+        """method[-options digest][@protocol]_data_partition_cN_sSEED: what the run is, at a glance (the
+        budget is not in it: see ``record_name``)."""
         p = self.partition
         part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
                 "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}

@@ -28,8 +28,22 @@ from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings, idle_option_warnings
-from bench.liveness import WAIT_FOREVER_MINUTES, collective_timeout, launch_timeout, nccl_error_handling, waiting_on
-from bench.records import git_commit, package_versions, rank_idle, record_path, summarise
+from bench.liveness import (
+    WAIT_FOREVER_MINUTES,
+    collective_timeout,
+    launch_timeout,
+    nccl_error_handling,
+    waiting_on,
+)
+from bench.records import (
+    git_commit,
+    latest_alias,
+    package_versions,
+    point_latest_alias,
+    rank_idle,
+    run_record_path,
+    summarise,
+)
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.workers import resolve_workers
@@ -239,7 +253,7 @@ def partition_plot_path(cfg: RunConfig) -> Path:
     d = cfg.data
     parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
     key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
-    name = cfg.readable_name().split("_", 1)[1]  # the run name without the method
+    name = cfg.run_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
@@ -371,7 +385,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     observer.summary(record)
     observer.finish()
     if fabric.global_rank == 0:
-        path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+        path, alias = run_record_path(cfg), latest_alias(cfg)
         if cfg.save_final_state:
             atomic_torch_save({k: v.detach().cpu() for k, v in module.state_dict().items()}, path.with_suffix(".pt"))
         heatmap = partition_plot_path(cfg)
@@ -379,6 +393,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
             plot_partition(counts, str(heatmap), list(dm.class_names),
                            title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
         write_json(path, record)
+        point_latest_alias(path, alias, cfg.save_final_state)
     with waiting_on(fabric, "rank 0 to write the record"):
         fabric.barrier()
     if own_fabric:

@@ -71,20 +71,52 @@ def set_round(round_idx: int | None) -> None:
     _state["round"] = round_idx
 
 
+def _announce(rank: int, token: str):
+    """Write 'rank arrived at token' into the process group's key-value store (rank 0's TCPStore: one
+    small message per collective, no collective of its own), so that a rank that gives up can name the
+    ranks that never arrived. Returns the store, or None when there is none."""
+    try:
+        store = dist.distributed_c10d._get_default_store()  # torch's own store of the default group
+        store.set(f"fedbench/arrived/{rank}", token)
+        return store
+    except Exception:  # noqa: BLE001 (no store, or it is gone: the error message just names no rank)
+        return None
+
+
+def _absent(store, rank: int, world: int, token: str) -> list[int]:
+    """The ranks whose last announced collective is not ``token`` (they never reached it)."""
+    if store is None:
+        return []
+    out = []
+    try:
+        for other in range(world):
+            key = f"fedbench/arrived/{other}"
+            if other != rank and (not store.check([key]) or store.get(key).decode() != token):
+                out.append(other)
+    except Exception:  # noqa: BLE001 (rank 0, who holds the store, may be the one that died)
+        return []
+    return out
+
+
 @contextmanager
 def waiting_on(fabric, what: str) -> Iterator[None]:
     """Around one collective call: a failure becomes a CollectiveError naming rank, round and ``what``."""
     if fabric is None or fabric.world_size == 1:
         yield
         return
+    token = f"{what}|{_state['round']}"
+    store = _announce(fabric.global_rank, token)
     try:
         yield
     except RuntimeError as err:
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         where = f" in round {_state['round']}" if _state["round"] is not None else ""
         if "timed out" in text.lower() or "timeout" in text.lower():
-            why = (f"no answer within {_state['minutes']:g} min (--timeout): another rank stalled or died. "
-                   "Check the other ranks' output; raise --timeout if a round legitimately takes longer.")
+            missing = _absent(store, fabric.global_rank, fabric.world_size, token)
+            who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not arrive (stalled or died)"
+                   if missing else "another rank stalled or died")
+            why = (f"no answer within {_state['minutes']:g} min (--timeout): {who}. "
+                   "Check that rank's output; raise --timeout if a round legitimately takes longer.")
         else:
             why = "another rank ended or lost contact; its own error is printed above."
         raise CollectiveError(f"Rank {fabric.global_rank} of {fabric.world_size} gave up waiting for {what}{where}: "

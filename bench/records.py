@@ -66,6 +66,59 @@ def record_path(output_dir: str, experiment: str, run_name: str) -> Path:
     return Path(output_dir) / experiment / f"{run_name}.json"
 
 
+def run_record_path(cfg) -> Path:
+    """Where a RunConfig's record lives: its ``record_name`` (run name + result identity), so records of
+    configurations that differ in any result option never collide."""
+    return record_path(cfg.output_dir, cfg.experiment, cfg.record_name())
+
+
+def latest_alias(cfg) -> Path:
+    """``<run name>.json``: a link to the latest record written under that run name (whatever its budget),
+    kept for people and scripts that look a run up by its readable name. Tables never read it."""
+    return record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+
+
+def point_latest_alias(path: Path, alias: Path, with_state: bool) -> None:
+    """After writing the record ``path``: ``alias`` (and its .pt when the final state was saved) now
+    links to it. Regular files at the alias (a record of a fedbench that named records by run name
+    alone) are first moved to ``<run name>_<their identity>``, never overwritten."""
+    legacy = [f for f in (alias, alias.with_suffix(".pt")) if f.exists() and not f.is_symlink()]
+    if legacy:
+        identity = legacy_identity(alias)
+        for f in legacy:
+            os.replace(f, f.with_name(f"{f.stem}_{identity}{f.suffix}"))
+    link_latest(path, alias)
+    state = alias.with_suffix(".pt")
+    if with_state:
+        link_latest(path.with_suffix(".pt"), state)
+    elif state.is_symlink():
+        state.unlink()
+
+
+def legacy_identity(record: Path) -> str:
+    """The result identity of the config stored in ``record`` ("legacy" when it cannot be read back)."""
+    from bench.config import from_dict
+
+    try:
+        return from_dict(load_record(record)["config"]).result_identity()
+    except Exception:  # noqa: BLE001 (absent, unreadable or foreign: keep it under a plain tag)
+        return "legacy"
+
+
+def link_latest(target: Path, alias: Path) -> None:
+    """Point ``alias`` at ``target`` (a relative symlink, replaced atomically; a copy where the file
+    system has no symlinks)."""
+    tmp = alias.with_name(f".{alias.name}.link")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.symlink(target.name, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(target, tmp)
+    os.replace(tmp, alias)
+
+
 class RecordError(FedbenchError):
     """A run record that cannot be read back (truncated, not JSON, or not a JSON object)."""
 

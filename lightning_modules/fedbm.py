@@ -136,10 +136,10 @@ class FedBM(FedCB):
     def idle_options(self, rounds: int) -> list[str]:
         if self.g_batch == 0 or self.gen_start < rounds:
             return []
-        return [f"FedBM's generator never acts: it first trains after round gen_start={self.gen_start} and its images "
-                f"are used from the next round on, but the run has fed.rounds={rounds}, so this run equals FedCB. "
-                f"Set method.args gen_start to at most {max(1, rounds - 1)} (e.g. --method.args "
-                f"'{{\"gen_start\": 1}}') or fed.rounds to at least {self.gen_start + 1}."]
+        return [(f"FedBM's generator never acts: it first trains after round gen_start={self.gen_start} and its "
+                 f"images are used from the next round on, but the run has fed.rounds={rounds}, so this run equals "
+                 f"FedCB. Set method.args gen_start to at most {max(1, rounds - 1)} (e.g. --method.args "
+                 f"'{{\"gen_start\": 1}}') or fed.rounds to at least {self.gen_start + 1}.")]
 
     def is_generator_round(self, round_idx: int) -> bool:
         done = round_idx + 1

@@ -27,7 +27,7 @@ def test_a_broken_record_is_named_with_what_to_do(tmp_path, content, says):
 def test_a_truncated_record_is_rerun_by_a_table_and_refused_by_render_only(tmp_path, capsys):
     argv = table(tmp_path, GOOD[:1])
     assert main(argv) == 0
-    (path,) = (tmp_path / "runs").rglob("fedavg_*.json")
+    (path,) = [p for p in (tmp_path / "runs").rglob("fedavg_*.json") if not p.is_symlink()]
     good = path.read_text()
     path.write_text(good[: len(good) // 2])  # cut short, as by a full disk
     capsys.readouterr()
@@ -112,7 +112,7 @@ def test_a_data_error_on_two_ranks_is_printed_once_before_any_rank_starts(tmp_pa
     argv = [*digits_run_argv(tmp_path), "--devices", "2", "--accelerator", "cpu", "--data.max_train_samples", "5"]
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          timeout=120, check=False, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     seconds = time.perf_counter() - start
     assert done.returncode == 2
     assert done.stderr.count("fedbench: error:") == 1 and "data.max_train_samples 5 keeps" in done.stderr

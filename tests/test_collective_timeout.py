@@ -1,5 +1,5 @@
 """A stalled rank does not hang the run: the other rank gives up after --timeout with a message
-naming itself, the round and the collective (issue 14, item 5)."""
+naming itself, the round, the collective (issue 14, item 5) and the rank that did not arrive (issue 27)."""
 from __future__ import annotations
 
 import os
@@ -82,8 +82,10 @@ def test_stalled_rank_ends_the_run_within_the_timeout(tiny_cfg, tmp_path):
     assert not woke and gave_up < SLEEP, f"rank 0 gave up {gave_up:.1f} s after rank 1 stalled ({SLEEP} s)"
     assert 60 * TIMEOUT_MINUTES - 0.5 < waited < 60 * TIMEOUT_MINUTES + 3.0, f"rank 0 waited {waited:.1f} s"
     assert ("fedbench: error: Rank 0 of 2 gave up waiting for the round's aggregation all-reduce in round 1: "
-            "no answer within 0.05 min (--timeout)") in text
+            "no answer within 0.05 min (--timeout): rank 1 did not arrive (stalled or died).") in text, text[-3000:]
     assert rank1_ended
-    assert "fedbench: error: Rank 1 of 2 gave up waiting for the round's aggregation all-reduce in round 1" in text
+    # issue 27: the stalled rank is named by the one that waited, and the error is printed once: rank 1,
+    # started by rank 0's process, ends with it (bench/core/lifetime.py) instead of printing its own
+    assert text.count("fedbench: error:") == 1 and "Rank 1 of 2 gave up" not in text
     assert "Traceback" not in text
     assert not list((tmp_path / "runs").rglob("*.json"))  # no record of a run that did not finish

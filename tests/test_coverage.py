@@ -205,7 +205,7 @@ def test_identical_rows_share_one_run_and_rows_that_differ_get_their_own():
     assert len(runs) == 4 and len(distinct_runs(runs)) == 2
     rows[1]["fed"] = {"rounds": 7}  # differs in a result option only: its own record (issue 27), in one table
     runs = plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0], "rows": rows})
-    assert len(distinct_runs(runs)) == 2 and len({r.cfg.run_name() for r in runs}) == 2
+    assert len(distinct_runs(runs)) == 2 and len({r.cfg.record_name() for r in runs}) == 2
 
 
 # ---- round rules -------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
 """data.test_dataset: train on one dataset, test on every image of another (FACMIC Table 5: BT -> BT2)."""
 from __future__ import annotations
 
-import re
-
 from pathlib import Path
 
 import pytest
@@ -47,8 +45,7 @@ def test_every_bt2_image_is_the_test_set_of_a_run_trained_on_bt(tiny_cfg, brain)
     assert torch.all((dm.test.images[:, 0, 8, 8].long() - 40 - 50 * dm.test.labels).abs() <= 2)
     assert torch.all(dm.train.images[:, 1].float().mean((1, 2)) < 50)  # training stays on BT
     assert len(dm.val) == 12 and torch.all(dm.val.images[:, 1] < 50)  # BT's test folder selects the model
-    assert cfg.readable_name() == "fedavg_brain-tumor-on-brain-tumor_dir0.5_c2_s0"
-    assert re.fullmatch(r"fedavg_brain-tumor-on-brain-tumor_dir0\.5_c2_s0_[0-9a-f]{8}", cfg.run_name())
+    assert cfg.run_name() == "fedavg_brain-tumor-on-brain-tumor_dir0.5_c2_s0"
     record, _ = run_in_process(cfg)
     assert record["splits"]["test"] == 28 and record["splits"]["val"] == 12
     assert {"val/accuracy", "test/accuracy"} <= set(record["history"][-1]["metrics"])

@@ -1,7 +1,7 @@
 """GPU-only paths checked on a CPU-only machine (issue 31): device discipline under fake CUDA tensors,
 float16 loss scaling with CPU autocast, one GPU per --jobs worker and every GPU for `devices: auto`
 (faked GPU counts), the CUDA float32 flags and their record. What needs a real GPU is in
-`make gpu-check` (bench/gpu_check.py)."""
+`make gpu-check` (bench/reporting/gpu_check.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -87,7 +87,7 @@ def test_float16_gradients_are_scaled_and_after_backward_sees_them_unscaled():
     exact, _ = one_step(1e-6, False, fp16=False)
     plain, _ = one_step(1e-6, False)
     scaled, weight = one_step(1e-6, True)
-    rel = lambda g: ((g - exact).abs().max() / exact.abs().max()).item()  # noqa: E731
+    rel = lambda g: ((g - exact).abs().max() / exact.abs().max()).item()
     assert rel(plain) > 0.2
     assert rel(scaled) < 1e-3
     # lr 1: the step applied the unscaled gradient (to within float32's spacing at 0.5, 6e-8)
@@ -198,7 +198,7 @@ def test_a_multi_rank_fabric_asks_nccl_to_raise_on_timeout(monkeypatch, tiny_cfg
 def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
     """`make gpu-check`'s items run on the CPU (`--device cpu`): each judged one passes and names what
     it measured; without a CUDA device the default run says there is nothing to check."""
-    from bench.gpu_check import main
+    from bench.reporting.gpu_check import main
 
     assert main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -122,7 +122,7 @@ def test_run_on_two_ranks_returns_after_both_have_exited(tmp_path):
             "--checkpoint_dir", str(tmp_path / "ckpt"), "--threads", "1", "--progress", "false", "--devices", "2",
             "--accelerator", "cpu"]
     done = subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert tagged(tag) == []  # rank 1 had exited when the command returned
     assert done.stdout.count("record: ") == 1  # the result and record lines once, from rank 0

@@ -11,14 +11,14 @@ from conftest import digits_run_argv, run_in_process
 
 from bench.cli import main
 from bench.config import RunConfig
-from bench.records import load_record, record_path
+from bench.records import load_record, run_record_path
 
 CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}
 
 
 def test_every_result_option_is_part_of_the_record_name():
     base = RunConfig()
-    names = {base.run_name()}
+    names = {base.record_name()}
     for group, key, value in [("fed", "rounds", 2), ("fed", "local_epochs", 3), ("data", "max_train_samples", 500),
                               ("data", "image_size", 64), ("method", "lr", 0.5), ("fed", "lr_decay", 0.99),
                               ("precision", None, "64-true")]:
@@ -27,19 +27,19 @@ def test_every_result_option_is_part_of_the_record_name():
             setattr(cfg, group, value)
         else:
             setattr(getattr(cfg, group), key, value)
-        assert cfg.readable_name() == base.readable_name()  # the budget is not in the readable part
-        names.add(cfg.run_name())
+        assert cfg.run_name() == base.run_name()  # the budget is not in the readable part
+        names.add(cfg.record_name())
     assert len(names) == 8  # the default and 7 budgets/options: 8 distinct records
-    assert re.fullmatch(r"fedavg_fashion-mnist_dir0\.5_c10_s0_[0-9a-f]{8}", base.run_name())
+    assert re.fullmatch(r"fedavg_fashion-mnist_dir0\.5_c10_s0_[0-9a-f]{8}", base.record_name())
 
 
 def test_execution_options_and_defaults_stated_explicitly_keep_the_name():
     base = RunConfig()
     other = RunConfig(devices=2, threads=1, progress=False, output_dir="/elsewhere", timeout=3.0, wandb=True)
-    assert other.run_name() == base.run_name()
+    assert other.record_name() == base.record_name()
     explicit = RunConfig(gpu_math="strict")  # an option at its default (e.g. one added later) changes nothing
     explicit.fed.rounds = RunConfig().fed.rounds
-    assert explicit.run_name() == base.run_name()
+    assert explicit.record_name() == base.record_name()
 
 
 def test_a_short_try_does_not_replace_the_longer_runs_record(tmp_path, capsys):
@@ -52,15 +52,18 @@ def test_a_short_try_does_not_replace_the_longer_runs_record(tmp_path, capsys):
     second = capsys.readouterr().out
     assert main([*argv, "--fed.rounds", "1"]) == 0
     third = capsys.readouterr().out
-    paths = sorted((tmp_path / "runs" / "default").glob("fedavg_digits_*.json"))
+    folder = tmp_path / "runs" / "default"
+    paths = sorted(p for p in folder.glob("fedavg_digits_*.json") if not p.is_symlink())
     assert len(paths) == 2
     rounds = sorted(len(load_record(p)["history"]) for p in paths)
     assert rounds == [1, 2]
+    latest = folder / "fedavg_digits_dir0.5_c4_s0.json"  # the readable name: a link to the latest record
+    assert latest.is_symlink() and len(load_record(latest)["history"]) == 1
     for out in (first, second):
         (line,) = [x for x in out.splitlines() if x.startswith("record: ")]
         assert line.endswith("(new)") and (tmp_path / "runs" / "default").as_posix() in line
     assert "(replaced the record of an earlier run of this configuration)" in third
-    one_round = [x for x in second.splitlines() if x.startswith("record: ")][0]
+    one_round = next(x for x in second.splitlines() if x.startswith("record: "))
     assert one_round.split()[1] in third
 
 
@@ -76,7 +79,7 @@ def test_fedbm_without_a_generator_round_warns_at_the_start_and_in_the_record(ti
     assert "FedBM's generator never acts" in out and "gen_start=5" in out and "fed.rounds=3" in out
     assert "at most 2" in out and "this run equals FedCB" in out
     assert any("FedBM's generator never acts" in w for w in record["warnings"])
-    stored = load_record(record_path(idle.output_dir, idle.experiment, idle.run_name()))
+    stored = load_record(run_record_path(idle))
     assert stored["warnings"] == record["warnings"]
     active = tiny_cfg(**{"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 3,
                          "fed.sample_ratio": 1.0, "method.name": "fedbm",
@@ -90,8 +93,25 @@ def test_lr_milestones_after_the_last_round_are_named(tiny_cfg, capsys, mileston
     record, _ = run_in_process(tiny_cfg(**{"fed.rounds": 3, "fed.lr_milestones": milestones}))
     late = [w for w in record["warnings"] if "lr_milestones" in w]
     if warned:
-        assert late == [f"fed.lr_milestones {warned} lie at or after the last round (fed.rounds=3): they never "
-                        "change the lr. Drop them or run more rounds."]
+        assert late == [(f"fed.lr_milestones {warned} lie at or after the last round (fed.rounds=3): they never "
+                         "change the lr. Drop them or run more rounds.")]
         assert late[0] in capsys.readouterr().out
     else:
         assert late == []
+
+
+def test_a_record_of_an_older_fedbench_under_the_bare_name_is_kept(tmp_path, capsys):
+    """Before record names carried the identity, a record lived at <run name>.json. A new run of that
+    name moves it to <run name>_<its identity>.json (where tables look for it) and links the bare name to
+    the new record: the old numbers are never overwritten."""
+    argv = digits_run_argv(tmp_path)
+    assert main(argv) == 0
+    folder = tmp_path / "runs" / "default"
+    bare = folder / "fedavg_digits_dir0.5_c4_s0.json"
+    (own,) = [p for p in folder.glob("fedavg_digits_*.json") if not p.is_symlink()]
+    old = load_record(own)
+    bare.unlink()
+    own.rename(bare)  # as an older fedbench left it
+    assert main([*argv, "--fed.rounds", "1"]) == 0
+    assert load_record(own) == old  # moved back to its identity name, byte for byte the same record
+    assert bare.is_symlink() and len(load_record(bare)["history"]) == 1

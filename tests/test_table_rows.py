@@ -9,7 +9,7 @@ from test_tables import fake_record
 
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
+from bench.records import record_path, run_record_path
 from bench.reporting.coverage import coverage
 from bench.reporting.table_runner import distinct_runs, plan_runs
 from bench.reporting.tables import render_table
@@ -38,8 +38,7 @@ def test_record_tag_separates_runs_that_differ_only_in_unnamed_options(tmp_path)
     untagged = {**SPEC, "rows": [{k: v for k, v in r.items() if k != "record_tag"} for r in SPEC["rows"]]}
     # without tags the batch sizes still write their own records: a record's name holds its whole result
     # config (issue 27); the tag only makes the directory readable
-    assert len({record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name())
-                for r in distinct_runs(plan_runs(untagged, str(tmp_path)))}) == 4
+    assert len({run_record_path(r.cfg) for r in distinct_runs(plan_runs(untagged, str(tmp_path)))}) == 4
     bad = {**SPEC, "rows": [{**SPEC["rows"][0], "record_tag": "a/b"}]}
     with pytest.raises(FedbenchError, match="record_tag must be"):
         plan_runs(bad, str(tmp_path))

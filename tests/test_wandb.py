@@ -77,7 +77,7 @@ def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
     runs = [offline_run(d) for d in sorted((wandb_dir / "wandb").glob("offline-run-*"))]
     assert len(runs) == 3
     assert {r["group"] for r in runs} == {"wbtest_digits"}
-    train = {r["name"].rsplit("_", 1)[0]: r for r in runs if r["job_type"] == "train"}  # without the identity
+    train = {r["name"]: r for r in runs if r["job_type"] == "train"}
     assert set(train) == {"fedavg_digits_dir0.5_c4_s0", next(n for n in train if n.startswith("fedprox-"))}
     fedavg = train["fedavg_digits_dir0.5_c4_s0"]
     assert fedavg["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
@@ -122,7 +122,7 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
                  "--threads", "1", "--progress", "false", "--experiment", "wbrun", "--wandb", "true"]) == 0
     capsys.readouterr()
     (run,) = [offline_run(d) for d in (tmp_path / "wandb" / "wandb").glob("offline-run-*")]
-    assert (run["group"], run["job_type"], run["name"].rsplit("_", 1)[0]) == ("wbrun", "train", "fedavg_digits_dir0.5_c4_s0")
+    assert (run["group"], run["job_type"], run["name"]) == ("wbrun", "train", "fedavg_digits_dir0.5_c4_s0")
     assert run["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
     assert run["config"]["fed"]["rounds"] == 2 and "code_version" in run["config"]
     assert [h["_step"] for h in run["history"] if "test/accuracy" in h] == [0, 1]

@@ -19,7 +19,7 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-class Interrupted(BaseException):  # noqa: N818 (a signal, like KeyboardInterrupt, not an error)
+class Interrupted(BaseException):
     """SIGTERM, raised in the main thread by ``terminate_on_sigterm``'s handler so that `finally`
     blocks and worker cleanup run (Python's default for SIGTERM is to die on the spot)."""
 

@@ -19,8 +19,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from bench.config import RunConfig, from_dict
-from bench.core.lifetime import Interrupted, die_with_parent
 from bench.core.errors import FedbenchError
+from bench.core.lifetime import Interrupted, die_with_parent
 from bench.workers import auto_layout, clients_per_round, cpu_cores, visible_gpus
 
 
@@ -78,7 +78,7 @@ def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | 
     fabric = make_fabric(cfg)
     fabric.launch()
     run_experiment(cfg, fabric, observer=wandb_observer(cfg, wandb_dir, annotations), annotations=annotations)
-    return cfg.run_name()
+    return cfg.record_name()
 
 
 def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, annotations: dict | None = None) -> None:

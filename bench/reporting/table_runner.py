@@ -39,9 +39,10 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.records import RecordError, load_record, record_path
+from bench.records import RecordError, latest_alias, load_record, run_record_path
 from bench.reporting.columns import columns_from, table_columns
-from bench.reporting.spec import canonical, check_overrides, deep_merge, load_spec, run_config, with_defaults
+from bench.reporting.record_lookup import find_record, same_result_config
+from bench.reporting.spec import check_overrides, deep_merge, load_spec, run_config
 from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
@@ -177,10 +178,10 @@ def check_shared_records(runs: list[PlannedRun]) -> None:
     """Rows whose runs would write one record must be the same run (same result-config)."""
     by_path: dict[Path, PlannedRun] = {}
     for r in runs:
-        other = by_path.setdefault(record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name()), r)
+        other = by_path.setdefault(run_record_path(r.cfg), r)
         if result_config(other.cfg.to_dict()) != result_config(r.cfg.to_dict()):
             raise FedbenchError(f"Table {r.cfg.experiment}: rows {other.label!r} and {r.label!r} would write the same "
-                                f"run record ({r.cfg.run_name()}) with different options; give one of them different "
+                                f"run record ({r.cfg.record_name()}) with different options; give one of them different "
                                 "method options or put it in another table.")
 
 
@@ -190,7 +191,7 @@ def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
     seen: set[Path] = set()
     out = []
     for r in runs:
-        path = record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name())
+        path = run_record_path(r.cfg)
         if path not in seen:
             seen.add(path)
             out.append(r)
@@ -200,17 +201,15 @@ def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
 def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     """(the record to reuse, or None; why): a record is reused when its result-config and code
     version (bench/code_version.py) match the current ones."""
-    path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
-    if not path.exists():
-        return None, "no record"
+    path = find_record(cfg)
+    if path is None:  # a record of this run name under other options: say so
+        return None, "config changed" if latest_alias(cfg).exists() else "no record"
     try:
         rec = load_record(path)
     except RecordError as err:  # a broken record is an unfinished run: rerun it (and say so)
         warnings.warn(FedbenchWarning(f"{err} It is rerun now."), stacklevel=2)
         return None, "unreadable record"
-    recorded = with_defaults(rec.get("config", {}))  # options added since the record count at their defaults
-    same = canonical(result_config(recorded)) == canonical(result_config(cfg.to_dict()))
-    if not same:
+    if not same_result_config(rec, cfg):  # edited by hand (the identity in its name no longer holds)
         return None, "config changed"
     if rec.get("code_version") != code_version():
         return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version()})"

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
-from bench.records import load_record, record_path
+from bench.records import load_record
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
     PAPER_NAMES,
@@ -36,6 +36,7 @@ from bench.reporting.paper_compare import (
 )
 from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
+from bench.reporting.record_lookup import find_record
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
@@ -145,8 +146,8 @@ def load_records(runs: list) -> dict[int, dict]:
     """id(run) -> its record, for runs that have one."""
     out = {}
     for r in runs:
-        path = record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name())
-        if path.exists():
+        path = find_record(r.cfg)
+        if path is not None:
             out[id(r)] = load_record(path)
     return out
 
