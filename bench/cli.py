@@ -107,12 +107,11 @@ def run_command(argv: list[str]) -> int:
     try:
         if command == "run":
             from bench.experiment import run_experiment
-            from bench.records import run_record_path
+            from bench.records import find_record
             from bench.reporting.wandb_logger import wandb_observer
 
             cfg = parse_run(rest)
-            path = run_record_path(cfg)
-            earlier = path.exists()  # a record of this very configuration (its name is its identity)
+            earlier = find_record(cfg) is not None  # a record of this very configuration
             record = run_experiment(cfg, observer=wandb_observer(cfg))
             from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -122,7 +121,7 @@ def run_command(argv: list[str]) -> int:
                           if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
                 print(f"{record['run_name']}: {shown}")
                 how = "replaced the record of an earlier run of this configuration" if earlier else "new"
-                print(f"record: {path} ({how})")
+                print(f"record: {find_record(cfg)} ({how})")
             return 0
         if command == "table":
             from bench.reporting.table_runner import main as table_main

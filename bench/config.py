@@ -224,6 +224,31 @@ def non_default(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, A
     return out
 
 
+def canonical(obj: Any) -> Any:
+    """``obj`` as a JSON file holds it (tuples as lists, keys as strings): configs compare equal to
+    the ones read back from records and references (those through ``with_defaults``)."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def with_defaults(config: Any) -> Any:
+    """A config read back from a record or reference (its result-config or the whole of it), with the
+    result options added to RunConfig since it was written at their defaults: a new option at its
+    default changes no number; any other difference still counts. Non-mappings are returned as is."""
+    if not isinstance(config, dict):
+        return config
+
+    def fill(defaults: dict, stored: dict) -> dict:
+        out = dict(stored)
+        for k, v in defaults.items():
+            if k not in out:
+                out[k] = v
+            elif isinstance(v, dict) and isinstance(out[k], dict) and k != "args":
+                out[k] = fill(v, out[k])
+        return out
+
+    return fill(result_config(RunConfig().to_dict()), config)
+
+
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """The keys whose values differ, as dotted paths with both values: ['method.lr: 0.01 -> 0.5']."""
     out = []

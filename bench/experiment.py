@@ -20,7 +20,6 @@ from bench.central import as_one_client
 from bench.code_version import code_version
 from bench.config import PRECISION_DTYPES, RunConfig
 from bench.core.allocator import allocator_status, apply_allocator_policy
-from bench.core.atomic_io import atomic_torch_save, write_json
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.lifetime import wait_for_children
@@ -35,15 +34,7 @@ from bench.liveness import (
     nccl_error_handling,
     waiting_on,
 )
-from bench.records import (
-    git_commit,
-    latest_alias,
-    package_versions,
-    point_latest_alias,
-    rank_idle,
-    run_record_path,
-    summarise,
-)
+from bench.records import git_commit, package_versions, rank_idle, summarise, write_run_record
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.workers import resolve_workers
@@ -385,15 +376,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     observer.summary(record)
     observer.finish()
     if fabric.global_rank == 0:
-        path, alias = run_record_path(cfg), latest_alias(cfg)
-        if cfg.save_final_state:
-            atomic_torch_save({k: v.detach().cpu() for k, v in module.state_dict().items()}, path.with_suffix(".pt"))
         heatmap = partition_plot_path(cfg)
         if not heatmap.exists():  # one per partition, shared by every method run on it
             plot_partition(counts, str(heatmap), list(dm.class_names),
                            title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
-        write_json(path, record)
-        point_latest_alias(path, alias, cfg.save_final_state)
+        state = {k: v.detach().cpu() for k, v in module.state_dict().items()} if cfg.save_final_state else None
+        write_run_record(cfg, record, state)  # never over a record of another configuration
     with waiting_on(fabric, "rank 0 to write the record"):
         fabric.barrier()
     if own_fabric:

@@ -67,56 +67,66 @@ def record_path(output_dir: str, experiment: str, run_name: str) -> Path:
 
 
 def run_record_path(cfg) -> Path:
-    """Where a RunConfig's record lives: its ``record_name`` (run name + result identity), so records of
-    configurations that differ in any result option never collide."""
+    """A RunConfig's own record file, ``record_name`` (run name + result identity): where its record goes
+    when the bare run name holds a record of another configuration. (``find_record`` finds either.)"""
     return record_path(cfg.output_dir, cfg.experiment, cfg.record_name())
 
 
-def latest_alias(cfg) -> Path:
-    """``<run name>.json``: a link to the latest record written under that run name (whatever its budget),
-    kept for people and scripts that look a run up by its readable name. Tables never read it."""
+def bare_record_path(cfg) -> Path:
+    """``<run name>.json``: where a run's record goes when no record of another configuration is there."""
     return record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
 
 
-def point_latest_alias(path: Path, alias: Path, with_state: bool) -> None:
-    """After writing the record ``path``: ``alias`` (and its .pt when the final state was saved) now
-    links to it. Regular files at the alias (a record of a fedbench that named records by run name
-    alone) are first moved to ``<run name>_<their identity>``, never overwritten."""
-    legacy = [f for f in (alias, alias.with_suffix(".pt")) if f.exists() and not f.is_symlink()]
-    if legacy:
-        identity = legacy_identity(alias)
-        for f in legacy:
-            os.replace(f, f.with_name(f"{f.stem}_{identity}{f.suffix}"))
-    link_latest(path, alias)
-    state = alias.with_suffix(".pt")
-    if with_state:
-        link_latest(path.with_suffix(".pt"), state)
-    elif state.is_symlink():
-        state.unlink()
+def same_result_config(rec: dict, cfg) -> bool:
+    """Whether record ``rec`` was written under ``cfg``'s result config (options added since it was
+    written count at their defaults)."""
+    from bench.config import canonical, result_config, with_defaults
+
+    recorded = with_defaults(rec.get("config", {}))
+    return canonical(result_config(recorded)) == canonical(result_config(cfg.to_dict()))
 
 
-def legacy_identity(record: Path) -> str:
-    """The result identity of the config stored in ``record`` ("legacy" when it cannot be read back)."""
-    from bench.config import from_dict
+def find_record(cfg) -> Path | None:
+    """The record file of ``cfg``'s run, or None: its identity file, else the bare-name file when that
+    holds a record of the same result config (a bare file of another configuration is never this run's;
+    a broken one is, so that it is named and rerun)."""
+    own = run_record_path(cfg)
+    if own.exists():
+        return own
+    bare = bare_record_path(cfg)
+    if bare.exists() and _holds(bare, cfg):
+        return bare
+    return None
 
+
+def _holds(path: Path, cfg) -> bool:
     try:
-        return from_dict(load_record(record)["config"]).result_identity()
-    except Exception:  # noqa: BLE001 (absent, unreadable or foreign: keep it under a plain tag)
-        return "legacy"
+        return same_result_config(load_record(path), cfg)
+    except RecordError:
+        return True
 
 
-def link_latest(target: Path, alias: Path) -> None:
-    """Point ``alias`` at ``target`` (a relative symlink, replaced atomically; a copy where the file
-    system has no symlinks)."""
-    tmp = alias.with_name(f".{alias.name}.link")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.symlink(target.name, tmp)
-    except OSError:
-        import shutil
+def write_run_record(cfg, record: dict, state: dict | None = None) -> tuple[Path, bool]:
+    """Write a run's record (and its final ``state`` beside it, as .pt) where ``find_record`` will find it:
+    the bare run name when it is free or holds this configuration, else the identity name. Records of
+    different configurations never replace each other; claiming a free bare name is atomic, so two
+    runs finishing at once cannot both take it. Returns (path, whether a record of this configuration
+    was replaced)."""
+    from bench.core.atomic_io import atomic_torch_save, claim_json, write_json
 
-        shutil.copyfile(target, tmp)
-    os.replace(tmp, alias)
+    path = find_record(cfg)
+    replaced = path is not None
+    if path is None:
+        bare = bare_record_path(cfg)
+        if state is not None:
+            atomic_torch_save(state, bare.with_suffix(".pt"))
+        if claim_json(bare, record):
+            return bare, False
+        path = run_record_path(cfg)  # another configuration took the bare name first
+    if state is not None:
+        atomic_torch_save(state, path.with_suffix(".pt"))
+    write_json(path, record)
+    return path, replaced
 
 
 class RecordError(FedbenchError):

@@ -11,7 +11,7 @@ from conftest import digits_run_argv, run_in_process
 
 from bench.cli import main
 from bench.config import RunConfig
-from bench.records import load_record, run_record_path
+from bench.records import find_record, load_record, run_record_path, write_run_record
 
 CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}
 
@@ -53,12 +53,11 @@ def test_a_short_try_does_not_replace_the_longer_runs_record(tmp_path, capsys):
     assert main([*argv, "--fed.rounds", "1"]) == 0
     third = capsys.readouterr().out
     folder = tmp_path / "runs" / "default"
-    paths = sorted(p for p in folder.glob("fedavg_digits_*.json") if not p.is_symlink())
-    assert len(paths) == 2
-    rounds = sorted(len(load_record(p)["history"]) for p in paths)
-    assert rounds == [1, 2]
-    latest = folder / "fedavg_digits_dir0.5_c4_s0.json"  # the readable name: a link to the latest record
-    assert latest.is_symlink() and len(load_record(latest)["history"]) == 1
+    bare = folder / "fedavg_digits_dir0.5_c4_s0.json"  # the first run takes the bare run name
+    assert len(load_record(bare)["history"]) == 2
+    (other,) = [p for p in folder.glob("fedavg_digits_*.json") if p != bare]  # the second its identity name
+    assert re.fullmatch(r"fedavg_digits_dir0\.5_c4_s0_[0-9a-f]{8}\.json", other.name)
+    assert len(load_record(other)["history"]) == 1
     for out in (first, second):
         (line,) = [x for x in out.splitlines() if x.startswith("record: ")]
         assert line.endswith("(new)") and (tmp_path / "runs" / "default").as_posix() in line
@@ -79,7 +78,7 @@ def test_fedbm_without_a_generator_round_warns_at_the_start_and_in_the_record(ti
     assert "FedBM's generator never acts" in out and "gen_start=5" in out and "fed.rounds=3" in out
     assert "at most 2" in out and "this run equals FedCB" in out
     assert any("FedBM's generator never acts" in w for w in record["warnings"])
-    stored = load_record(run_record_path(idle))
+    stored = load_record(find_record(idle))
     assert stored["warnings"] == record["warnings"]
     active = tiny_cfg(**{"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 3,
                          "fed.sample_ratio": 1.0, "method.name": "fedbm",
@@ -100,18 +99,20 @@ def test_lr_milestones_after_the_last_round_are_named(tiny_cfg, capsys, mileston
         assert late == []
 
 
-def test_a_record_of_an_older_fedbench_under_the_bare_name_is_kept(tmp_path, capsys):
-    """Before record names carried the identity, a record lived at <run name>.json. A new run of that
-    name moves it to <run name>_<its identity>.json (where tables look for it) and links the bare name to
-    the new record: the old numbers are never overwritten."""
-    argv = digits_run_argv(tmp_path)
-    assert main(argv) == 0
-    folder = tmp_path / "runs" / "default"
-    bare = folder / "fedavg_digits_dir0.5_c4_s0.json"
-    (own,) = [p for p in folder.glob("fedavg_digits_*.json") if not p.is_symlink()]
-    old = load_record(own)
-    bare.unlink()
-    own.rename(bare)  # as an older fedbench left it
-    assert main([*argv, "--fed.rounds", "1"]) == 0
-    assert load_record(own) == old  # moved back to its identity name, byte for byte the same record
-    assert bare.is_symlink() and len(load_record(bare)["history"]) == 1
+def test_records_of_two_configurations_never_replace_each_other(tmp_path):
+    """write_run_record: the first configuration takes the bare run name, another the identity name;
+    rewriting a configuration replaces only its own record; find_record finds each; a claimed bare name
+    is never taken twice."""
+    from bench.core.atomic_io import claim_json
+
+    a, b = RunConfig(output_dir=str(tmp_path)), RunConfig(output_dir=str(tmp_path))
+    b.fed.rounds = 2
+    rec = lambda cfg, value: {"config": cfg.to_dict(), "value": value}
+    assert write_run_record(a, rec(a, 1)) == (tmp_path / "default" / f"{a.run_name()}.json", False)
+    assert write_run_record(b, rec(b, 2)) == (run_record_path(b), False)
+    assert write_run_record(a, rec(a, 3))[1] is True and write_run_record(b, rec(b, 4))[1] is True
+    assert load_record(find_record(a))["value"] == 3 and load_record(find_record(b))["value"] == 4
+    assert sorted(p.name for p in (tmp_path / "default").iterdir()) == sorted([f"{a.run_name()}.json",
+                                                                               f"{b.record_name()}.json"])
+    assert not claim_json(tmp_path / "default" / f"{a.run_name()}.json", {"other": True})
+    assert load_record(find_record(a))["value"] == 3

@@ -54,6 +54,25 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(_clean(obj), indent=1, allow_nan=False) + "\n")
 
 
+def claim_json(path: str | os.PathLike, obj: Any) -> bool:
+    """Write ``obj`` as JSON to ``path`` only if no file is there, atomically (a hard link of a complete
+    temporary file: it either appears whole or not at all); False when ``path`` already existed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write((json.dumps(_clean(obj), indent=1, allow_nan=False) + "\n").encode("utf-8"))
+        make_readable(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` through ``atomic_write``: no half-written checkpoint or cache file."""
     atomic_write(path, lambda fh: torch.save(obj, fh))

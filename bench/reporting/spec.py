@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.config import OPTION_GROUPS, RunConfig, from_dict, result_config
+from bench.config import OPTION_GROUPS, RunConfig, canonical, from_dict, result_config, with_defaults  # noqa: F401 (re-exported)
 from bench.core.errors import FedbenchError
 
 RUN_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
@@ -90,26 +89,3 @@ def run_config(*overrides: dict, where: str) -> RunConfig:
         raise FedbenchError(f"{where}: {err}") from err
 
 
-def canonical(obj: Any) -> Any:
-    """``obj`` as a JSON file holds it (tuples as lists, keys as strings): configs compare equal to
-    the ones read back from records and references (those through ``with_defaults``)."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
-
-
-def with_defaults(config: Any) -> Any:
-    """A config read back from a record or reference (its result-config or the whole of it), with the
-    result options added to RunConfig since it was written at their defaults: a new option at its
-    default changes no number; any other difference still counts. Non-mappings are returned as is."""
-    if not isinstance(config, dict):
-        return config
-
-    def fill(defaults: dict, stored: dict) -> dict:
-        out = dict(stored)
-        for k, v in defaults.items():
-            if k not in out:
-                out[k] = v
-            elif isinstance(v, dict) and isinstance(out[k], dict) and k != "args":
-                out[k] = fill(v, out[k])
-        return out
-
-    return fill(result_config(RunConfig().to_dict()), config)

@@ -39,9 +39,15 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.records import RecordError, latest_alias, load_record, run_record_path
+from bench.records import (
+    RecordError,
+    bare_record_path,
+    find_record,
+    load_record,
+    run_record_path,
+    same_result_config,
+)
 from bench.reporting.columns import columns_from, table_columns
-from bench.reporting.record_lookup import find_record, same_result_config
 from bench.reporting.spec import check_overrides, deep_merge, load_spec, run_config
 from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
@@ -203,7 +209,7 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     version (bench/code_version.py) match the current ones."""
     path = find_record(cfg)
     if path is None:  # a record of this run name under other options: say so
-        return None, "config changed" if latest_alias(cfg).exists() else "no record"
+        return None, "config changed" if bare_record_path(cfg).exists() else "no record"
     try:
         rec = load_record(path)
     except RecordError as err:  # a broken record is an unfinished run: rerun it (and say so)

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
-from bench.records import load_record
+from bench.records import find_record, load_record
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
     PAPER_NAMES,
@@ -36,7 +36,6 @@ from bench.reporting.paper_compare import (
 )
 from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
-from bench.reporting.record_lookup import find_record
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
