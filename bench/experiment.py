@@ -249,6 +249,25 @@ def partition_plot_path(cfg: RunConfig) -> Path:
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")
 
 
+def bytes_per_client_round(module: FederatedModule) -> dict[str, int]:
+    """What one client receives (the shared state) and sends (it plus the method's extra uploads, as
+    float32 on the wire) per round."""
+    shared = set(module.shared_keys())
+    shared_bytes = sum(t.numel() * t.element_size() for k, t in module.state_dict().items() if k in shared)
+    extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())
+    return {"down": shared_bytes, "up": shared_bytes + extra_bytes}
+
+
+def round_scalars(entry: dict, per_client: dict[str, int]) -> dict[str, float]:
+    """Everything a round's history entry says, as flat scalars for a per-round logger (W&B): its
+    evaluation metrics (evaluated rounds), lr, seconds, clients and samples trained, bytes moved."""
+    clients = len(entry["clients"])
+    return {**(entry.get("metrics") or {}), "lr": entry["lr"], "time/round_seconds": entry["round_seconds"],
+            "time/train_seconds": entry["train_seconds"], "time/eval_seconds": entry["eval_seconds"],
+            "clients_trained": clients, "samples_trained": entry["samples_trained"],
+            "comm/bytes_down": per_client["down"] * clients, "comm/bytes_up": per_client["up"] * clients}
+
+
 def execution_record(fabric: Fabric, precision: str) -> dict[str, Any]:
     """How this run executed: ranks, torch threads per rank, the C allocator's policy
     (bench/core/allocator.py), the device, the precision and the CUDA float32 flags in effect
@@ -336,7 +355,8 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
             clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device, dm.test, test)
         fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
         fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
-        fed.on_round_end = lambda e: observer.log(e["metrics"], step=e["round"]) if e["metrics"] else None
+        per_client = bytes_per_client_round(module)
+        fed.on_round_end = lambda e: observer.log(round_scalars(e, per_client), step=e["round"])
         # A rank that owns no client (Central on several ranks: its one client lives on rank 0) only waits
         # while the others train, so it must not give up after --timeout.
         with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):
@@ -346,9 +366,6 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         observer.finish(exit_code=1)
         raise
     summary = summarise(history, protocol)
-    shared = set(module.shared_keys())
-    shared_bytes = sum(t.numel() * t.element_size() for k, t in module.state_dict().items() if k in shared)
-    extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())  # as float32 on the wire
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
         "code_version": code_version(), "versions": package_versions(),
@@ -359,7 +376,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         **({"prompts": module.prompt_info} if module.prompt_info is not None else {}),
         "partition": {**part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": 0 if dm.val is None else len(dm.val), "test": len(dm.test)},
-        "bytes_per_client_round": {"down": shared_bytes, "up": shared_bytes + extra_bytes},
+        "bytes_per_client_round": per_client,
         "history": history, **summary,
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
         "execution": {**execution_record(fabric, cfg.precision), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},

@@ -51,9 +51,11 @@ def offline_run(run_dir: Path) -> dict:
     history = [{key(i): json.loads(i.value_json) for i in r.history.item}
                for r in recs if r.WhichOneof("record_type") == "history"]
     summary = {key(u) for r in recs if r.WhichOneof("record_type") == "summary" for u in r.summary.update}
+    metrics = {(m.name or m.glob_name): (m.step_metric or None) for r in recs
+               if r.WhichOneof("record_type") == "metric" for m in [r.metric]}
     return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "tags": set(run.tags),
             "config": {u.key: json.loads(u.value_json) for u in run.config.update}, "history": history,
-            "summary": summary, "dir": run_dir}
+            "summary": summary, "dir": run_dir, "metrics": metrics}
 
 
 def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
@@ -78,8 +80,15 @@ def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
     assert len(runs) == 3
     assert {r["group"] for r in runs} == {"wbtest_digits"}
     train = {r["name"]: r for r in runs if r["job_type"] == "train"}
-    assert set(train) == {"fedavg_digits_dir0.5_c4_s0", next(n for n in train if n.startswith("fedprox-"))}
-    fedavg = train["fedavg_digits_dir0.5_c4_s0"]
+    # issue 32: a run is named as the table reads, and its config says which table row it fills
+    assert set(train) == {"FedAvg · β=0.5 · seed 0", "FedProx · β=0.5 · seed 0"}
+    fedavg, fedprox = train["FedAvg · β=0.5 · seed 0"], train["FedProx · β=0.5 · seed 0"]
+    for run, row, method in ((fedavg, "FedAvg", "fedavg"), (fedprox, "FedProx", "fedprox")):
+        assert {k: run["config"][k] for k in ("table", "row", "dataset", "partition_key", "beta", "seed",
+                                                "protocol", "round_rule", "overridden")} == {
+            "table": "wbtest", "row": row, "dataset": "digits", "partition_key": "dirichlet-0.5",
+            "beta": 0.5, "seed": 0, "protocol": "global", "round_rule": "best-val-acc", "overridden": False}
+        assert run["config"]["method"]["name"] == method
     assert fedavg["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
     assert fedavg["config"]["method"]["name"] == "fedavg" and fedavg["config"]["fed"]["rounds"] == 2
     assert "code_version" in fedavg["config"]
@@ -96,6 +105,15 @@ def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
     assert [row[:5] for row in logged["data"]] == [[c["method"], c["beta"], c["metric"], c["mean"], c["std"]]
                                                    for c in rendered]
     assert len(logged["data"]) == 4 and all(row[3] is not None and row[5] == 1 for row in logged["data"])
+    # the paired difference to the baseline (FedAvg), as the markdown table prints it (one seed: no interval)
+    paired = {(row[0], row[2]): dict(zip(TABLE_COLUMNS, row)) for row in logged["data"]}
+    by_cell = {(c["method"], c["metric"]): c for c in rendered}
+    for metric in ("accuracy", "f1"):
+        assert paired[("FedAvg", metric)]["vs_baseline_note"] == "baseline"
+        fedprox = paired[("FedProx", metric)]
+        assert fedprox["vs_baseline"] == pytest.approx(by_cell[("FedProx", metric)]["mean"]
+                                                       - by_cell[("FedAvg", metric)]["mean"])
+        assert fedprox["vs_baseline_ci_low"] is None and fedprox["vs_baseline_note"] is None
     images = list((table_run["dir"] / "files" / "media" / "images").rglob("*.png"))
     assert len(images) == 2  # the curves and the partition heatmap
 
@@ -122,8 +140,18 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
                  "--threads", "1", "--progress", "false", "--experiment", "wbrun", "--wandb", "true"]) == 0
     capsys.readouterr()
     (run,) = [offline_run(d) for d in (tmp_path / "wandb" / "wandb").glob("offline-run-*")]
-    assert (run["group"], run["job_type"], run["name"]) == ("wbrun", "train", "fedavg_digits_dir0.5_c4_s0")
+    assert (run["group"], run["job_type"], run["name"]) == ("wbrun", "train", "fedavg · β=0.5 · seed 0")
     assert run["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
     assert run["config"]["fed"]["rounds"] == 2 and "code_version" in run["config"]
     assert [h["_step"] for h in run["history"] if "test/accuracy" in h] == [0, 1]
     assert {"best/test/accuracy", "final/test/accuracy", "best_round", "protocol"} <= run["summary"]
+    # issue 32: every round logged against "round", with lr, timings, clients and bytes; the summary holds
+    # the metrics at the round the round rule reports (best validation accuracy for a single global run)
+    rows = [h for h in run["history"] if "lr" in h]
+    assert [h["round"] for h in rows] == [0, 1] and [h["_step"] for h in rows] == [0, 1]
+    for h in rows:
+        assert h["clients_trained"] == 4 and h["samples_trained"] > 0 and h["comm/bytes_up"] >= h["comm/bytes_down"] > 0
+        assert h["time/round_seconds"] >= h["time/train_seconds"] > 0
+    assert {"test/accuracy", "val/accuracy", "reported_round", "round_rule"} <= run["summary"]
+    assert run["config"]["row"] == "fedavg" and run["config"]["round_rule"] == "best-val-acc"
+    assert run["metrics"] == {"round": None, "*": "round"}

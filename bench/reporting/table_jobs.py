@@ -70,20 +70,23 @@ def _start_worker(threads: int, gpus: list[str], slot) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | None) -> str:
+def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | None,
+             identity: dict | None = None) -> str:
     from bench.experiment import make_fabric, run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 
     cfg = from_dict(config)
     fabric = make_fabric(cfg)
     fabric.launch()
-    run_experiment(cfg, fabric, observer=wandb_observer(cfg, wandb_dir, annotations), annotations=annotations)
+    run_experiment(cfg, fabric, observer=wandb_observer(cfg, wandb_dir, annotations, identity), annotations=annotations)
     return cfg.record_name()
 
 
-def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, annotations: dict | None = None) -> None:
+def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, annotations: dict | None = None,
+             identity=None) -> None:
     """Run ``todo`` (PlannedRuns with devices 1) in ``jobs`` worker processes; ``label(run)`` names
-    a run in errors; ``annotations`` (a table's command-line overrides) go into every record."""
+    a run in errors; ``annotations`` (a table's command-line overrides) go into every record;
+    ``identity(run)`` names its table row in W&B."""
     configs: list[RunConfig] = [r.cfg for r in todo]
     threads = max(1, cpu_cores() // jobs)
     gpus = job_gpus(jobs, visible_gpus(configs[0].accelerator)) if configs else []
@@ -91,7 +94,8 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     bar = tqdm(total=len(todo), desc=desc, unit="run")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
                              initargs=(threads, gpus, context.Value("i", 0))) as pool:
-        futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations): r for cfg, r in zip(configs, todo)}
+        futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations, identity(r) if identity else None): r
+                   for cfg, r in zip(configs, todo)}
         try:
             for future in as_completed(futures):
                 err = future.exception()

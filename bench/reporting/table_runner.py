@@ -368,6 +368,15 @@ def check_data(todo: list[PlannedRun]) -> None:
             setup_datamodule(r.cfg)
 
 
+def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
+    """The W&B identity of a planned run: its table, row label, round rule, and whether --set changed it."""
+    from bench.reporting.protocols import row_protocol
+    from bench.reporting.wandb_logger import run_identity
+
+    rule = row_protocol(r.cfg, r.row, spec, f"row {r.label!r}").round
+    return run_identity(r.cfg, table=spec["table"], row=r.label, round_rule=rule, overridden=bool(annotations))
+
+
 def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
     """Run the runs without a matching record; returns this process's global rank. ``annotations``
     (the command-line overrides) are stored in every record and W&B run."""
@@ -397,14 +406,15 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
         from bench.reporting.table_jobs import run_jobs
 
         run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
-                 lambda r: f"row {r.label!r} {run_label(r)}", annotations)
+                 lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations))
         return 0
     fabric = make_fabric(todo[0].cfg)
     fabric.launch()
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")
-        run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir, annotations),
+        run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir, annotations,
+                                                              wandb_identity(r, spec, annotations)),
                        annotations=annotations)
     wait_for_launched_ranks(fabric)
     return fabric.global_rank

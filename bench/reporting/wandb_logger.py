@@ -19,11 +19,57 @@ from bench.experiment import RunObserver
 
 # the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
 TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
-                 "delta", "p_value", "paper_source", "column", "round_rule", "protocol_differs"]
+                 "delta", "p_value", "paper_source", "column", "round_rule", "protocol_differs",
+                 "vs_baseline", "vs_baseline_ci_low", "vs_baseline_ci_high", "vs_baseline_p", "vs_baseline_note"]
+
+
+def paired_columns(cell: dict) -> dict[str, Any]:
+    """The paired difference to the table's baseline row (FedAvg unless the config says otherwise) that
+    the markdown table prints: mean over shared seeds, its 95% interval and p, or the note why none."""
+    paired = cell.get("paired") or {}
+    low, high = paired.get("ci95") or (None, None)
+    return {"vs_baseline": paired.get("mean"), "vs_baseline_ci_low": low, "vs_baseline_ci_high": high,
+            "vs_baseline_p": paired.get("p_value"), "vs_baseline_note": cell.get("paired_note")}
 
 
 def default_dir() -> str:
     return os.environ.get("WANDB_DIR") or "results/wandb"
+
+
+def partition_key(cfg) -> str:
+    """The partition as a table column names it: dirichlet-0.05, shards-2, iid, ..."""
+    p = cfg.partition
+    if p.scheme in ("dirichlet", "dirichlet_missing", "lda"):
+        return f"{p.scheme}-{p.beta:g}"
+    if p.scheme == "shards":
+        return f"shards-{p.shards_per_client}"
+    return p.scheme
+
+
+def run_identity(cfg, table: str | None = None, row: str | None = None, round_rule: str | None = None,
+                 overridden: bool = False) -> dict[str, Any]:
+    """What tells a train run apart in W&B (its config, for grouping and filtering): the table and
+    row it fills (a single `fedbench run`: its experiment and method), dataset, partition key, beta,
+    seed, protocol, the round rule its table reports, and whether command-line overrides (--set) changed
+    it from its table config. (The method is the config's ``method.name``; these keys never shadow the
+    config's option groups.)"""
+    from bench.reporting.protocols import default_round_rule
+    from lightning_modules.base import METHODS
+
+    cls = METHODS.get(cfg.method.name)
+    protocol = "global" if cls.runs_centrally else (cfg.fed.protocol or cls.protocol)
+    p = cfg.partition
+    return {"table": table or cfg.experiment, "row": row or cfg.method.name,
+            "dataset": cfg.data.name, "partition_key": partition_key(cfg),
+            "beta": p.beta if p.scheme in ("dirichlet", "dirichlet_missing", "lda") else None, "seed": cfg.seed,
+            "protocol": protocol, "round_rule": round_rule or default_round_rule(protocol, None),
+            "overridden": overridden}
+
+
+def display_name(identity: dict[str, Any]) -> str:
+    """A run's name as the table reads: ``FedCB · β=0.05 · seed 1`` (other partitions by their key)."""
+    where = f"β={identity['beta']:g}" if identity.get("beta") is not None else identity["partition_key"]
+    return f"{identity['row']} · {where} · seed {identity['seed']}"
 
 
 def run_tags(cfg) -> list[str]:
@@ -69,33 +115,52 @@ class WandbObserver(RunObserver):
     """Logs one experiment run (run_experiment's observer) to W&B on rank 0: config with the code
     version, tags, per-round metrics and the summary of the final record."""
 
-    def __init__(self, directory: str | None = None, annotations: dict[str, Any] | None = None) -> None:
+    def __init__(self, directory: str | None = None, annotations: dict[str, Any] | None = None,
+                 identity: dict[str, Any] | None = None) -> None:
         self.directory = directory
         self.annotations = dict(annotations or {})  # extra config entries, e.g. a table's command-line overrides
+        self.identity = identity  # run_identity(...) of its table row; None: a single run's own
         self.run: WandbRun | None = None
 
     def start(self, cfg: RunConfig, rank: int) -> None:
-        self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, cfg.run_name(), run_tags(cfg),
-                            {**cfg.to_dict(), "code_version": code_version(), **self.annotations}, self.directory)
+        self.identity = self.identity or run_identity(cfg, overridden=bool(self.annotations))
+        self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, display_name(self.identity), run_tags(cfg),
+                            {**cfg.to_dict(), "code_version": code_version(), **self.annotations, **self.identity},
+                            self.directory)
+        if self.run.run is not None:  # rounds are the x-axis of every per-round chart
+            self.run.run.define_metric("round")
+            self.run.run.define_metric("*", step_metric="round")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if self.run is not None:
-            self.run.log(metrics, step=step)
+            self.run.log({**metrics, "round": step}, step=step)
 
     def summary(self, record: dict[str, Any]) -> None:
         if self.run is not None:
-            self.run.summary(run_summary(record))
+            self.run.summary({**run_summary(record), **rule_summary(record, self.identity["round_rule"])})
 
     def finish(self, exit_code: int = 0) -> None:
         if self.run is not None:
             self.run.finish(exit_code=exit_code)
 
 
-def wandb_observer(cfg: RunConfig, directory: str | None = None,
-                   annotations: dict[str, Any] | None = None) -> WandbObserver | None:
+def wandb_observer(cfg: RunConfig, directory: str | None = None, annotations: dict[str, Any] | None = None,
+                   identity: dict[str, Any] | None = None) -> WandbObserver | None:
     """The observer to pass to run_experiment: W&B logging when cfg.wandb, else none. ``annotations``
-    join the W&B run's config (what run_experiment also stores in the record)."""
-    return WandbObserver(directory, annotations) if cfg.wandb else None
+    join the W&B run's config (what run_experiment also stores in the record); ``identity`` (run_identity)
+    names the table row the run fills."""
+    return WandbObserver(directory, annotations, identity) if cfg.wandb else None
+
+
+def rule_summary(record: dict, rule: str) -> dict[str, Any]:
+    """The metrics at the round the run's table reports (``rule``), under their plain names, so that
+    W&B's run table shows what the markdown table does, not the last round's values."""
+    from bench.reporting.protocols import select_round
+
+    entry = select_round(record.get("history") or [], rule)
+    if entry is None:
+        return {}
+    return {**entry["metrics"], "reported_round": entry["round"], "round_rule": rule}
 
 
 def run_summary(record: dict) -> dict[str, Any]:
@@ -117,7 +182,8 @@ def log_table(table: dict, figures: dict[str, str], project: str, directory: str
     group = table.get("experiment") or name  # the group of the table's runs
     run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
                    directory, job_type="table")
-    rows = [[{**cell, "n_seeds": len(cell.get("values") or [])}.get(c) for c in TABLE_COLUMNS] for cell in table["cells"]]
+    rows = [[{**cell, "n_seeds": len(cell.get("values") or []), **paired_columns(cell)}.get(c) for c in TABLE_COLUMNS]
+            for cell in table["cells"]]
     media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}
     media.update({f"figures/{key.replace(' ', '_')}": wandb.Image(path) for key, path in figures.items() if Path(path).exists()})
     run.log(media)
