@@ -262,7 +262,8 @@ def round_scalars(entry: dict, per_client: dict[str, int]) -> dict[str, float]:
     """Everything a round's history entry says, as flat scalars for a per-round logger (W&B): its
     evaluation metrics (evaluated rounds), lr, seconds, clients and samples trained, bytes moved."""
     clients = len(entry["clients"])
-    return {**(entry.get("metrics") or {}), "lr": entry["lr"], "time/round_seconds": entry["round_seconds"],
+    loss = {} if entry.get("train_loss") is None else {"train/loss": entry["train_loss"]}
+    return {**(entry.get("metrics") or {}), **loss, "lr": entry["lr"], "time/round_seconds": entry["round_seconds"],
             "time/train_seconds": entry["train_seconds"], "time/eval_seconds": entry["eval_seconds"],
             "clients_trained": clients, "samples_trained": entry["samples_trained"],
             "comm/bytes_down": per_client["down"] * clients, "comm/bytes_up": per_client["up"] * clients}

@@ -25,6 +25,15 @@ from lightning_modules.base import ClientContext, FederatedModule, NoClientState
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
 RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
 RANK_SAMPLES = "__rank_samples"  # each rank's samples trained this round
+TRAIN_LOSS = "__train_loss"  # [sum of loss x batch size, samples] over the round's local steps
+
+
+def loss_upload(losses: list, device) -> torch.Tensor:
+    """A client's [sum of loss x batch size, samples] over its local steps, as float64 on ``device`` (one
+    stack of the step losses; no host sync)."""
+    total = torch.stack([weighted.to(torch.float64) for weighted, _ in losses]).sum()
+    samples = torch.tensor(float(sum(n for _, n in losses)), dtype=torch.float64, device=device)
+    return torch.stack([total.to(device), samples])
 
 
 def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
@@ -66,6 +75,7 @@ class RoundLog:
     rank_clients: list[list[int]] = field(default_factory=list)  # the clients each rank trained
     rank_busy_seconds: list[float] = field(default_factory=list)
     rank_idle_seconds: list[float] = field(default_factory=list)
+    train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
 
 
 class ServerComm:
@@ -200,6 +210,7 @@ class Federation:
         extra_shapes = dict(module.upload_shapes())
         extra_shapes[CLIENT_METRICS] = (len(self.clients), len(keys) + 1)
         extra_shapes[RANK_BUSY] = extra_shapes[RANK_SAMPLES] = (self.world,)
+        extra_shapes[TRAIN_LOSS] = (2,)
         buf = RoundBuffer({k: self.global_state[k].shape for k in self.shared}, extra_shapes, self.fabric.device)
         error: Exception | None = None
         seen, train_time = 0, 0.0
@@ -220,6 +231,8 @@ class Federation:
                 row = client_metrics_row(len(self.clients), c, [scores.get(k, float("nan")) for k in keys],
                                          buf.buf.device)
                 extras = {**extras, CLIENT_METRICS: row}
+            if ctx.losses:
+                extras = {**extras, TRAIN_LOSS: loss_upload(ctx.losses, buf.buf.device)}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
         busy, samples = (torch.zeros(self.world, dtype=torch.float64, device=buf.buf.device) for _ in range(2))
         busy[self.rank], samples[self.rank] = time.perf_counter() - t0, seen
@@ -236,13 +249,15 @@ class Federation:
         busy_seconds = extras.pop(RANK_BUSY).tolist()
         seen = int(extras.pop(RANK_SAMPLES).sum())  # over all ranks
         table = extras.pop(CLIENT_METRICS)
+        loss_sum, loss_samples = extras.pop(TRAIN_LOSS).tolist()
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
         module.server_step(self.global_state, extras, r)
         log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
-                       rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds])
+                       rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
+                       train_loss=loss_sum / loss_samples if loss_samples else None)
         if self.is_eval_round(r):
             t = time.perf_counter()
             log.metrics = self.evaluate(r)

@@ -135,6 +135,7 @@ class ClientContext:
     keep_optimizer_state: bool = False  # carry the local optimizer's state over to the next round
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Fabric's precision
     loss_scaling: bool = False  # float16 autocast: scale the loss (run_epochs, needs_loss_scaling)
+    losses: list = field(default_factory=list)  # (loss x batch size, batch size) per local step, for logging
     uploads: dict[str, torch.Tensor] = field(default_factory=dict)  # extra tensors sent this round (summed)
 
     @property
@@ -148,7 +149,7 @@ class ClientContext:
 def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimizer: torch.optim.Optimizer,
                autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                after_backward: Callable[[], None] | None = None, where: str = "",
-               loss_scaling: bool = False) -> int:
+               loss_scaling: bool = False, losses: list | None = None) -> int:
     """The local loop: ``epochs`` passes over ``batches``, one optimizer step per batch.
 
     Returns the number of samples trained (``len(batch[1])`` summed). Non-finite losses are detected
@@ -160,6 +161,9 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
     gradients overflowed is skipped. The scaler is fresh for every call (every local update starts at
     the same scale), so a client's update does not depend on which rank trained it or what it trained
     before. Without loss scaling the scaler is disabled and the loop is the plain one.
+
+    ``losses`` (a ClientContext's): each step appends (loss x batch size, batch size), detached and on the
+    device (no host sync), from which the orchestrator reports the round's training loss.
     """
     nonfinite: torch.Tensor | None = None
     scaler: torch.amp.GradScaler | None = None
@@ -172,6 +176,8 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
                 loss = objective(batch)
             bad = ~torch.isfinite(loss.detach())
             nonfinite = bad if nonfinite is None else nonfinite | bad
+            if losses is not None:
+                losses.append((loss.detach() * len(batch[1]), len(batch[1])))
             if scaler is None:
                 scaler = torch.amp.GradScaler(loss.device.type, enabled=loss_scaling)
             scaler.scale(loss).backward()
@@ -320,7 +326,7 @@ class FederatedModule(L.LightningModule):
             group["lr"] = ctx.lr
         seen = run_epochs(batches, ctx.local_epochs, objective, optimizer, ctx.autocast, after_backward,
                           f"in round {ctx.round_idx}, client {ctx.client_id} ({self.method_name()})",
-                          loss_scaling=ctx.loss_scaling)
+                          loss_scaling=ctx.loss_scaling, losses=ctx.losses)
         if ctx.keep_optimizer_state:
             ctx.state["optimizer"] = optimizer.state_dict()
         return seen

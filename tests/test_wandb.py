@@ -151,7 +151,7 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
     assert [h["round"] for h in rows] == [0, 1] and [h["_step"] for h in rows] == [0, 1]
     for h in rows:
         assert h["clients_trained"] == 4 and h["samples_trained"] > 0 and h["comm/bytes_up"] >= h["comm/bytes_down"] > 0
-        assert h["time/round_seconds"] >= h["time/train_seconds"] > 0
+        assert h["time/round_seconds"] >= h["time/train_seconds"] > 0 and h["train/loss"] > 0
     assert {"test/accuracy", "val/accuracy", "reported_round", "round_rule"} <= run["summary"]
     assert run["config"]["row"] == "fedavg" and run["config"]["round_rule"] == "best-val-acc"
     assert run["metrics"] == {"round": None, "*": "round"}

@@ -57,7 +57,7 @@ def train_params(module: FederatedModule, ctx: ClientContext, params: list[nn.Pa
         with trainable_only(module, params):
             return run_epochs(batches, epochs, objective or module.training_step, optimizer, ctx.autocast,
                               where=f"in round {ctx.round_idx}, client {ctx.client_id} ({module.method_name()}: {phase})",
-                              loss_scaling=ctx.loss_scaling)
+                              loss_scaling=ctx.loss_scaling, losses=ctx.losses)
     finally:
         for p in params:
             p.grad = None
