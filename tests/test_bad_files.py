@@ -118,3 +118,22 @@ def test_a_data_error_on_two_ranks_is_printed_once_before_any_rank_starts(tmp_pa
     assert done.stderr.count("fedbench: error:") == 1 and "data.max_train_samples 5 keeps" in done.stderr
     assert "gloo" not in done.stderr.lower() and "Traceback" not in done.stderr
     assert seconds < 30, seconds  # no second rank was started (that alone takes ~10 s)
+
+
+@pytest.mark.ddp
+def test_an_unknown_backbone_on_two_ranks_is_one_error_before_any_rank_or_data(tmp_path):
+    """It used to be caught after the ranks started (~15 s in), once per rank."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, digits_run_argv
+
+    argv = [*digits_run_argv(tmp_path), "--devices", "2", "--accelerator", "cpu", "--method.backbone", "resnet999"]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and time.perf_counter() - start < 30
+    assert done.stderr.count("fedbench: error: Unknown backbone 'resnet999'") == 1
+    assert not (tmp_path / "cache").exists()  # refused before any data was read
