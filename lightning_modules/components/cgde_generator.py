@@ -204,8 +204,8 @@ def train_generator(
     gen_was_training = generator.training
     teacher_model.eval().requires_grad_(False)
     generator.train()
-    last: dict[str, float] = {}
-    try:
+    terms: list[torch.Tensor] = []  # per step [loss, sem, div, dis], detached: read once at the end (no host
+    try:                                # sync per step on a GPU)
         for step in range(steps):
             labels = torch.randint(dist.num_classes, (batch_size,), generator=rng).to(device)
             z = dist.sample(labels, generator=rng, noise_only=noise_only)
@@ -222,13 +222,17 @@ def train_generator(
             div = diversity_loss(images, z, labels, dist.num_classes) if use_div else zero
             dis = hook.loss() if use_dis else zero
             loss = sem + lambda_div * div + lambda_dis * dis
-            if not torch.isfinite(loss):
-                raise FedbenchError(f"Generator loss is {loss.item()} at step {step} (sem {sem.item()}, "
-                                    f"div {div.item()}, dis {dis.item()}): lower the generator lr.")
+            terms.append(torch.stack([t.detach().to(loss.dtype).reshape(()) for t in (loss, sem, div, dis)]))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            last = {"loss": loss.item(), "sem": sem.item(), "div": div.item(), "dis": dis.item()}
+        table = torch.stack(terms).tolist()  # the one read of the losses
+        bad = next((step for step, row in enumerate(table) if not math.isfinite(row[0])), None)
+        if bad is not None:
+            loss, sem, div, dis = table[bad]
+            raise FedbenchError(f"Generator loss is {loss} at step {bad} (sem {sem}, div {div}, dis {dis}): "
+                                "lower the generator lr.")
+        last = dict(zip(("loss", "sem", "div", "dis"), table[-1]))
     finally:
         teacher_model.train(teacher_was_training)
         for p, flag in zip(teacher_model.parameters(), grad_flags):
