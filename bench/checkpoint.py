@@ -29,7 +29,7 @@ import torch
 from bench.code_version import code_version
 from bench.config import RunConfig, config_differences, result_config
 from bench.core.atomic_io import atomic_torch_save
-from bench.core.errors import FedbenchError
+from bench.core.errors import FedbenchError, first_line
 from bench.liveness import waiting_on
 
 FORMAT = 2
@@ -73,10 +73,10 @@ def safe_load(path: Path, device) -> Any:
     except FileNotFoundError:
         raise Unusable(f"{path.name} is missing") from None
     except Exception as err:  # noqa: BLE001 - truncated, foreign or crafted file: never executed, reported
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err, 160)
         kind = "holds objects other than tensors and plain data (refused)" if "weights_only" in str(err).lower() \
             or "unpickl" in type(err).__name__.lower() else "is unreadable"
-        raise Unusable(f"{path.name} {kind}: {first[:160]}") from None
+        raise Unusable(f"{path.name} {kind}: {first}") from None
 
 
 class Checkpointer:

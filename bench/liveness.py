@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from bench.core.errors import FedbenchError
+from bench.core.errors import FedbenchError, first_line
 
 SETUP_MINUTES = 60.0  # process-group start-up and rank 0's first decode of a dataset
 WAIT_FOREVER_MINUTES = 7 * 24 * 60.0  # other ranks wait while rank 0 trains a central run alone
@@ -120,4 +120,4 @@ def waiting_on(fabric, what: str) -> Iterator[None]:
         else:
             why = "another rank ended or lost contact; its own error is printed above."
         raise CollectiveError(f"Rank {fabric.global_rank} of {fabric.world_size} gave up waiting for {what}{where}: "
-                              f"{why} ({text[:200]})") from err
+                              f"{why} ({first_line(text, 200)})") from err

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.atomic_io import atomic_torch_save
-from bench.core.errors import FedbenchWarning
+from bench.core.errors import FedbenchWarning, first_line
 
 
 @dataclass
@@ -72,8 +72,8 @@ def _read_cache(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except Exception as err:  # noqa: BLE001 - truncated/corrupt/foreign file: rebuild it
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        warnings.warn(f"decode cache {path} is unreadable ({first[:160]}); deleting it and decoding the dataset "
+        first = first_line(err, 160)
+        warnings.warn(f"decode cache {path} is unreadable ({first}); deleting it and decoding the dataset "
                       "again.", FedbenchWarning, stacklevel=3)
         path.unlink(missing_ok=True)
         return None

@@ -137,3 +137,14 @@ def test_an_unknown_backbone_on_two_ranks_is_one_error_before_any_rank_or_data(t
     assert done.returncode == 2 and time.perf_counter() - start < 30
     assert done.stderr.count("fedbench: error: Unknown backbone 'resnet999'") == 1
     assert not (tmp_path / "cache").exists()  # refused before any data was read
+
+
+def test_quoted_causes_are_never_cut_mid_word():
+    from bench.core.errors import first_line
+
+    long = "Timed out waiting 3000ms for recv operation to complete " * 8
+    cut = first_line(RuntimeError(long + "\nsecond line"), 200)
+    assert len(cut) <= 200 and cut.endswith(" …")
+    assert cut[:-2].split()[-1] in long.split()  # the last kept word is whole
+    assert first_line(ValueError("")) == "ValueError" and first_line("one\ntwo") == "one"
+    assert first_line("/x" * 200, 30) == "/x" * 14 + " …"  # one long token: cut where it must be

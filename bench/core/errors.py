@@ -23,3 +23,16 @@ class FedbenchWarning(UserWarning):
 
 class FedbenchNotice(FedbenchWarning):
     """Nothing is wrong, but fedbench chose something for you (default prompts); the message says what."""
+
+
+def first_line(err: BaseException | str, width: int = 200) -> str:
+    """The first line of an error (or its type's name when it has no text), at most ``width`` characters,
+    cut at the last word boundary with " …" (a quoted cause never ends mid-word; a single token longer than
+    ``width``, such as a path, is cut where it must be)."""
+    text = str(err).strip()
+    line = " ".join((text.splitlines()[0] if text else type(err).__name__).split())
+    if len(line) <= width:
+        return line
+    cut = line[: width - 2]
+    boundary = cut.rfind(" ")
+    return (cut[:boundary] if boundary > 0 else cut) + " …"
