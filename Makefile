@@ -103,5 +103,10 @@ bench-table2: install
 gpu-check: install
 	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
 
+# Delete what runs write and git does not track (run records, checkpoints, W&B files); keeps results/paper,
+# results/reference and the committed tables
+clean-results:
+	rm -rf results/runs results/checkpoints results/wandb results/bench
+
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests
