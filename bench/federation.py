@@ -20,7 +20,13 @@ from bench.health import check_finite_state
 from bench.liveness import set_round, waiting_on
 from bench.metrics import METRIC_NAMES, VAL_SCORES
 from bench.placement import assign_clients
-from lightning_modules.base import ClientContext, FederatedModule, NoClientState, needs_loss_scaling
+from lightning_modules.base import (
+    ClientContext,
+    FederatedModule,
+    NoClientState,
+    ServerContext,
+    needs_loss_scaling,
+)
 
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
 RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
@@ -78,19 +84,16 @@ class RoundLog:
     train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
 
 
-class ServerComm:
-    """What a method's server side knows besides the round's inputs: ``num_clients`` in the
-    federation; ``is_server``, True on rank 0 only; ``broadcast(obj)``, rank 0's ``obj`` on every rank."""
-
-    def __init__(self, fabric, num_clients: int) -> None:
-        self.fabric, self.num_clients = fabric, num_clients
-        self.is_server = fabric.global_rank == 0
-
-    def broadcast(self, obj):
-        if self.fabric.world_size == 1:
+def server_context(fabric, num_clients: int) -> ServerContext:
+    """The ServerContext a method's server hooks get on this rank: the federation's size, whether this
+    rank is the server (rank 0), and Fabric's broadcast from rank 0 (under the collective timeout)."""
+    def broadcast(obj):
+        if fabric.world_size == 1:
             return obj
-        with waiting_on(self.fabric, "the server step's broadcast from rank 0"):
-            return self.fabric.broadcast(obj, src=0)
+        with waiting_on(fabric, "the server step's broadcast from rank 0"):
+            return fabric.broadcast(obj, src=0)
+
+    return ServerContext(num_clients=num_clients, is_server=fabric.global_rank == 0, broadcast=broadcast)
 
 
 class Federation:
@@ -130,7 +133,7 @@ class Federation:
         self.start_round = 0
         self.checkpointer = Checkpointer(cfg, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
-        module.server_comm = ServerComm(fabric, len(clients))
+        self.server = server_context(fabric, len(clients))
 
     # ---- one client ----------------------------------------------------------------------
     def client_state(self, c: int) -> dict:
@@ -253,7 +256,7 @@ class Federation:
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
-        module.server_step(self.global_state, extras, r)
+        module.server_step(self.global_state, extras, r, self.server)
         log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
@@ -334,7 +337,7 @@ class Federation:
             return
         last_round, snap, clients = ckpt
         copy_into(self.global_state, snap["global_state"])
-        self.module.load_server_state(snap["server_state"])
+        self.module.load_server_state(snap["server_state"], self.server)
         self.history = list(snap["history"])
         self.client_metrics = {int(k): v for k, v in snap["client_metrics"].items()}
         missing = sorted(set(range(len(self.clients))) - set(clients))

@@ -30,8 +30,8 @@ Where a method says what it does:
   evaluate_client(ctx, eval)  per-client protocol: personalise, evaluate, restore (FedBABU)
   global_logits(x)            the global protocol's scores (default eval_logits; FedRoD: its generic head)
   upload_shapes()             shapes of the extra uploads (the same on every rank)
-  server_step(...)            after aggregation, identical inputs on every rank; ``server_comm``
-                              runs work once on rank 0 and broadcasts it (FedBM's generator)
+  server_step(..., server)    after aggregation, identical inputs on every rank; ``server`` (a
+                              ServerContext) runs work once on rank 0 and broadcasts it (FedBM's generator)
   server_state() / load_server_state()   server state beyond the model, for checkpoints
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
 Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally,
@@ -195,6 +195,25 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
     return seen
 
 
+@dataclass(frozen=True)
+class ServerContext:
+    """What a method's server side is given besides the round's inputs (the server's counterpart of
+    ClientContext, passed to ``server_step`` and ``load_server_state``): ``num_clients`` in the federation;
+    ``is_server``, True on the rank that runs once-only work (rank 0); ``broadcast(obj)``, that rank's
+    ``obj`` on every rank."""
+
+    num_clients: int
+    is_server: bool = True
+    broadcast: Callable[[Any], Any] = lambda obj: obj
+
+
+def require_server(server: ServerContext | None, method: str) -> ServerContext:
+    """``server``, or an error naming the method whose server step needs it (the number of clients)."""
+    if server is None:
+        raise FedbenchError(f"{method}'s server step needs its ServerContext (the federation's number of clients).")
+    return server
+
+
 def needs_loss_scaling(precision: str, device: torch.device) -> bool:
     """Whether local training at ``precision`` on ``device`` needs a loss scaler: float16 autocast
     ("16-mixed") off the CPU. (On the CPU Fabric runs "16-mixed" as bfloat16, whose range needs none.)"""
@@ -244,7 +263,6 @@ class FederatedModule(L.LightningModule):
         self.class_names = class_names
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
         self.head = self.build_head()
-        self.server_comm = None  # set by the orchestrator: bench.federation.ServerComm
 
     def method_name(self) -> str:
         """The registered name (``fedavg``), or the class name of an unregistered method."""
@@ -367,15 +385,17 @@ class FederatedModule(L.LightningModule):
         """Shapes of the extra uploads, known on every rank (they share the one all-reduce)."""
         return {}
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         """Runs on every rank after aggregation, with identical inputs; may edit global_state in place.
-        Work that should run once (FedBM's generator training) runs where ``self.server_comm.is_server``
-        and reaches the other ranks through ``self.server_comm.broadcast``."""
+        ``server`` (the orchestrator always gives it; None: a single process, as in unit tests) says how
+        many clients the federation has, and work that should run once (FedBM's generator training)
+        runs where ``server.is_server`` and reaches the other ranks through ``server.broadcast``."""
 
     def server_state(self) -> dict[str, torch.Tensor]:
         """Server-side state beyond the global model (checkpointed)."""
         return {}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         pass
 

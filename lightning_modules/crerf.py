@@ -35,7 +35,7 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from bench.core.seeding import SERVER, derive_seed, torch_generator
-from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
 from lightning_modules.components.client_features import evaluating
 
 GRAD_W, GRAD_B, HOLDERS = "crerf_grad_w", "crerf_grad_b", "crerf_holders"
@@ -163,7 +163,8 @@ class CReRF(FederatedModule):
         self.retrained_head.weight.copy_(weight)
         self.retrained_head.bias.copy_(bias)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         holders = extras[HOLDERS]
         seen = holders > 0
         if not bool(seen.any()):
@@ -179,7 +180,7 @@ class CReRF(FederatedModule):
         return {"features": self.federated_features.clone(), "weight": self.retrained_head.weight.detach().clone(),
                 "bias": self.retrained_head.bias.detach().clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         self.federated_features.copy_(state["features"])
         with torch.no_grad():
             self.retrained_head.weight.copy_(state["weight"])

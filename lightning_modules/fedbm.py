@@ -47,7 +47,7 @@ from torch import nn
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import SERVER, derive_seed
-from lightning_modules.base import METHODS, Batch, ClientContext, Objective
+from lightning_modules.base import METHODS, Batch, ClientContext, Objective, ServerContext
 from lightning_modules.components.cgde_generator import ConceptGenerator, generate_batch, train_generator
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.fedcb import FedCB
@@ -161,19 +161,19 @@ class FedBM(FedCB):
                 use_div=self.use_div, use_dis=self.use_dis, noise_only=self.noise_only,
                 sem_loss=self.head.loss if self.classifier == "learned" else None)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         if not self.is_generator_round(round_idx):
             return
         generator = self._generator()
-        comm = self.server_comm
         payload = None
-        if comm is None or comm.is_server:
+        if server is None or server.is_server:
             start = time.perf_counter()
             losses = self.train_generator(global_state, round_idx)
             self.cgde.log.append({"round": round_idx, **losses, "seconds": time.perf_counter() - start})
             payload = {k: v.detach().cpu() for k, v in generator.state_dict().items()}
-        if comm is not None:
-            payload = comm.broadcast(payload)
+        if server is not None:
+            payload = server.broadcast(payload)
         generator.load_state_dict(payload)
         self.cgde.trained = True
 
@@ -181,7 +181,7 @@ class FedBM(FedCB):
         state = {f"generator.{k}": v.detach().clone() for k, v in self._generator().state_dict().items()}
         return {**state, "generator_trained": torch.tensor(self.cgde.trained)}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         prefix = "generator."
         self._generator().load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
         self.cgde.trained = bool(state["generator_trained"])

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
 from lightning_modules.components.state import trainable_shared_parameters
 
 
@@ -70,7 +70,8 @@ class FedDyn(FederatedModule):
         return seen
 
     # ---- server ----------------------------------------------------------------------------
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         for name, _ in self.dynamic_parameters():
             avg = global_state[name]
             prev = self.previous_global[name].to(avg.device, avg.dtype)
@@ -83,6 +84,6 @@ class FedDyn(FederatedModule):
         return {**{f"h.{n}": t for n, t in self.h.items()},
                 **{f"previous.{n}": t for n, t in self.previous_global.items()}}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         self.h = {k[len("h."):]: v.clone() for k, v in state.items() if k.startswith("h.")}
         self.previous_global = {k[len("previous."):]: v.clone() for k, v in state.items() if k.startswith("previous.")}

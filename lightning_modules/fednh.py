@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, ServerContext
 from lightning_modules.components.client_features import class_feature_sums
 
 
@@ -68,7 +68,8 @@ class FedNH(FederatedModule):
         means = F.normalize(sums / counts.clamp(min=1).unsqueeze(1), dim=1)  # absent classes: zero rows
         ctx.uploads.update(proto_sum=means * counts.unsqueeze(1), proto_count=counts)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         counts = extras["proto_count"]
         seen = counts > 0
         if not bool(seen.any()):
@@ -81,5 +82,5 @@ class FedNH(FederatedModule):
     def server_state(self) -> dict[str, torch.Tensor]:
         return {"prototypes": self.head.prototypes.clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         self.head.prototypes.copy_(state["prototypes"])

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, ServerContext
 from lightning_modules.components.client_features import class_feature_sums
 
 PREDICTIONS = ("prototype", "head")
@@ -78,7 +78,8 @@ class FedProto(FederatedModule):
         ctx.uploads.update(proto_sum=sums, proto_count=counts,
                            proto_mean_sum=sums / counts.clamp(min=1).unsqueeze(1), proto_clients=present)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
         if self.weighting == "samples":
             total, weight = extras["proto_sum"], extras["proto_count"]
         else:
@@ -94,7 +95,7 @@ class FedProto(FederatedModule):
     def server_state(self) -> dict[str, torch.Tensor]:
         return {"prototypes": self.global_prototypes.clone(), "has_prototype": self.has_prototype.clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         self.global_prototypes = state["prototypes"].clone()
         self.has_prototype = state["has_prototype"].clone().bool()
         self.prototypes_ready = bool(self.has_prototype.any())

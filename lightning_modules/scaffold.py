@@ -23,7 +23,14 @@ from typing import ClassVar
 
 import torch
 
-from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
+from lightning_modules.base import (
+    METHODS,
+    ClientBatches,
+    ClientContext,
+    FederatedModule,
+    ServerContext,
+    require_server,
+)
 from lightning_modules.components.state import trainable_shared_parameters
 
 
@@ -94,8 +101,9 @@ class Scaffold(FederatedModule):
             c_local[n] = new
 
     # ---- server ----------------------------------------------------------------------------
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int) -> None:
-        num_clients = self.server_comm.num_clients
+    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+                    server: ServerContext | None = None) -> None:
+        num_clients = require_server(server, "Scaffold").num_clients
         for n, p in self.controlled_parameters():
             dc = extras[f"dc.{n}"]
             total = self.c_sum.get(n)
@@ -105,7 +113,8 @@ class Scaffold(FederatedModule):
     def server_state(self) -> dict[str, torch.Tensor]:
         return {f"c_sum.{n}": t for n, t in self.c_sum.items()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor]) -> None:
+    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
         self.c_sum = {k[len("c_sum."):]: v.clone() for k, v in state.items() if k.startswith("c_sum.")}
         dtypes = {n: p.dtype for n, p in self.controlled_parameters()}  # as server_step: the run's precision
-        self.c = {n: (t / self.server_comm.num_clients).to(dtypes[n]) for n, t in self.c_sum.items()}
+        num_clients = require_server(server, "Scaffold").num_clients
+        self.c = {n: (t / num_clients).to(dtypes[n]) for n, t in self.c_sum.items()}

@@ -310,9 +310,9 @@ def test_fednh_prototypes_unit_norm_and_rho_smoothing(tiny_cfg, captured, monkey
     steps: list[dict] = []
     original = FedNH.server_step
 
-    def server_step(self, global_state, extras, round_idx):
+    def server_step(self, global_state, extras, round_idx, server=None):
         before = self.head.prototypes.clone()
-        original(self, global_state, extras, round_idx)
+        original(self, global_state, extras, round_idx, server)
         steps.append({"before": before, "after": self.head.prototypes.clone(),
                       "sum": extras["proto_sum"].clone(), "count": extras["proto_count"].clone()})
 
@@ -359,8 +359,8 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
                 assert extras["proto_count"][k] == 0
         uploads.setdefault(ctx.round_idx, []).append(clone(extras))
 
-    def server_step(self, global_state, extras, round_idx):
-        original_step(self, global_state, extras, round_idx)
+    def server_step(self, global_state, extras, round_idx, server=None):
+        original_step(self, global_state, extras, round_idx, server)
         globals_after.append(self.global_prototypes.clone())
 
     monkeypatch.setattr(FedProto, "on_client_end", end)

@@ -238,12 +238,12 @@ def test_generator_only_on_server_rank_then_broadcast(text_cache):
     for m in (server, other):
         m.prepare_splits(data, None, data)
     glob = {k: v.clone() for k, v in server.state_dict().items() if k in server.shared_keys()}
-    server.server_comm = Comm(True)
-    server.server_step(glob, {}, 4)
-    other.server_comm = Comm(False, payload=server.server_comm.sent)
-    other.server_step(glob, {}, 4)
+    server_side = Comm(True)
+    server.server_step(glob, {}, 4, server_side)  # the ServerContext is given, not injected (issue 29)
+    other_side = Comm(False, payload=server_side.sent)
+    other.server_step(glob, {}, 4, other_side)
     assert len(server.cgde.log) == 1 and other.cgde.log == []  # trained once, on the server
-    assert other.server_comm.sent is None and other.cgde.trained
+    assert other_side.sent is None and other.cgde.trained
     assert max_state_diff(server.cgde.generator.state_dict(), other.cgde.generator.state_dict()) == 0.0
     server.server_step(glob, {}, 5)  # not a generator round (gen_start = gen_every = 5)
     assert len(server.cgde.log) == 1
