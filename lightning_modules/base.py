@@ -39,7 +39,18 @@ keeps_client_state (the method writes ``ctx.state``: its clients train on the ra
 method that does not may have its clients trained on any rank, and ``ctx.state`` refuses writes).
 
 The local loop calls no Lightning hook (no on_after_backward, on_train_batch_end, ...): a step is
-zero_grad -> loss = objective(batch) under ctx.autocast() -> backward -> [after_backward] -> step.
+zero_grad -> loss = objective(batch) under ctx.autocast() -> backward -> [after_backward] -> step
+(with float16 autocast, the loss is scaled and the gradients unscaled before after_backward: run_epochs).
+
+What Fabric does here, and what it deliberately does not: the orchestrator uses Fabric for the ranks
+(launch, the process group, all_reduce/broadcast/barrier), devices (``fabric.to_device``, ``fabric.device``)
+and precision (``fabric.autocast`` is ctx.autocast). It never calls ``fabric.setup(module)``: that wraps
+the module in DistributedDataParallel, which all-reduces gradients after every backward pass, i.e.
+averages the steps of *different clients* trained at the same time on different ranks. In federated
+learning each rank trains its own clients independently and models meet only at the round's one
+all-reduce of the weighted states (bench/aggregation.py). For the same reason the loss is scaled by a
+GradScaler of its own per local update, not Fabric's shared one: a shared scaler's state would carry
+over from one client to the next and depend on which rank trained which client.
 """
 from __future__ import annotations
 
