@@ -304,7 +304,7 @@ class Federation:
         cfg = self.cfg
         if cfg.resume:
             self.restore(self.checkpointer.load_latest())
-        bar = tqdm(range(self.start_round, cfg.fed.rounds), desc=f"{cfg.method.name} rounds",
+        bar = tqdm(range(self.start_round, cfg.fed.rounds), desc=f"{cfg.method.name} rounds", leave=None,
                    disable=not (cfg.progress and self.rank == 0), initial=self.start_round, total=cfg.fed.rounds)
         for r in bar:
             set_round(r)

@@ -48,6 +48,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     metric = spec.get("metrics", ["accuracy"])[0]
     key = f"test/{metric}"
@@ -84,6 +85,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     for ax in axes[:, 0]:
         ax.set_ylabel(f"test {metric} (%)", fontsize=7)
     for i, ax in enumerate(list(axes.flat)[:len(drawn)]):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers: no 2.5 tick
         if i + ncols >= len(drawn):  # the lowest panel of its column: the round axis is labelled
             ax.xaxis.set_tick_params(labelbottom=True)
             ax.set_xlabel("round", fontsize=7)

@@ -400,7 +400,8 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
         return 0
     check_data(todo)  # fail at once (missing or bad data) before any run starts
     for r in todo:  # devices were set by check_plan
-        r.cfg.progress = False
+        # one process: the run's round bar nests under the table's bar (rank 0); --jobs workers stay quiet
+        r.cfg.progress = r.cfg.progress and args.jobs <= 1
         r.cfg.wandb = r.cfg.wandb or args.wandb
     if args.jobs > 1:
         from bench.reporting.table_jobs import run_jobs
