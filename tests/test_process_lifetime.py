@@ -126,3 +126,32 @@ def test_run_on_two_ranks_returns_after_both_have_exited(tmp_path):
     assert done.returncode == 0, done.stderr
     assert tagged(tag) == []  # rank 1 had exited when the command returned
     assert done.stdout.count("record: ") == 1  # the result and record lines once, from rank 0
+
+
+@pytest.mark.ddp
+def test_ctrl_c_of_a_two_rank_run_ends_both_ranks_with_one_line(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group (here: killpg SIGINT): rc 130 within seconds,
+    one short message and no traceback, no rank left."""
+    tag = uuid.uuid4().hex
+    argv = ["run", "--data.name", "digits", "--data.cache_dir", str(tmp_path / "cache"), "--method.backbone",
+            "simple-cnn", "--fed.rounds", "500", "--partition.num_clients", "4", "--output_dir", str(tmp_path / "runs"),
+            "--checkpoint_dir", str(tmp_path / "ckpt"), "--threads", "1", "--progress", "false", "--devices", "2",
+            "--accelerator", "cpu"]
+    env = {**os.environ, "FEDBENCH_TEST_TAG": tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509 (a shell would do it)
+    try:
+        assert wait_until(lambda: len(tagged(tag)) == 2, 60)  # both ranks up
+        time.sleep(6.0)  # into the rounds
+        os.killpg(proc.pid, signal.SIGINT)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - start < 15
+        assert wait_until(lambda: not tagged(tag), 10)
+    finally:
+        for pid in tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.count("fedbench: interrupted (Ctrl-C)") == 1 and "Traceback" not in err
+    assert not list((tmp_path / "runs").rglob("*.json"))
