@@ -263,6 +263,7 @@ def round_scalars(entry: dict, per_client: dict[str, int]) -> dict[str, float]:
     evaluation metrics (evaluated rounds), lr, seconds, clients and samples trained, bytes moved."""
     clients = len(entry["clients"])
     loss = {} if entry.get("train_loss") is None else {"train/loss": entry["train_loss"]}
+    loss.update({f"method/{k}": v for k, v in (entry.get("method_scalars") or {}).items()})
     return {**(entry.get("metrics") or {}), **loss, "lr": entry["lr"], "time/round_seconds": entry["round_seconds"],
             "time/train_seconds": entry["train_seconds"], "time/eval_seconds": entry["eval_seconds"],
             "clients_trained": clients, "samples_trained": entry["samples_trained"],

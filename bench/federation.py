@@ -82,6 +82,7 @@ class RoundLog:
     rank_busy_seconds: list[float] = field(default_factory=list)
     rank_idle_seconds: list[float] = field(default_factory=list)
     train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
+    method_scalars: dict[str, float] = field(default_factory=dict)  # the method's round_scalars (FedBM, Scaffold)
 
 
 def server_context(fabric, num_clients: int) -> ServerContext:
@@ -257,10 +258,11 @@ class Federation:
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
         module.server_step(self.global_state, extras, r, self.server)
+        method_scalars = module.round_scalars(r)
         log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
-                       train_loss=loss_sum / loss_samples if loss_samples else None)
+                       train_loss=loss_sum / loss_samples if loss_samples else None, method_scalars=method_scalars)
         if self.is_eval_round(r):
             t = time.perf_counter()
             log.metrics = self.evaluate(r)

@@ -403,6 +403,12 @@ class FederatedModule(L.LightningModule):
         many clients the federation has, and work that should run once (FedBM's generator training)
         runs where ``server.is_server`` and reaches the other ranks through ``server.broadcast``."""
 
+    def round_scalars(self, round_idx: int) -> dict[str, float]:
+        """Method-specific numbers worth a curve (FedBM's generator loss, Scaffold's control-variate norm),
+        read once per round after ``server_step`` on every rank (identical there); logged as ``method/<name>``
+        in the history and W&B. Default: none."""
+        return {}
+
     def server_state(self) -> dict[str, torch.Tensor]:
         """Server-side state beyond the global model (checkpointed)."""
         return {}

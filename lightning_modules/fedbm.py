@@ -141,6 +141,13 @@ class FedBM(FedCB):
                  f"FedCB. Set method.args gen_start to at most {max(1, rounds - 1)} (e.g. --method.args "
                  f"'{{\"gen_start\": 1}}') or fed.rounds to at least {self.gen_start + 1}.")]
 
+    def round_scalars(self, round_idx: int) -> dict[str, float]:
+        """The generator's last-step losses in the rounds it trained (on the server rank, which trains it)."""
+        last = self.cgde.log[-1] if self.cgde.log else None
+        if last is None or last["round"] != round_idx:
+            return {}
+        return {f"generator_{k}": float(last[k]) for k in ("loss", "sem", "div", "dis")}
+
     def is_generator_round(self, round_idx: int) -> bool:
         done = round_idx + 1
         return done >= self.gen_start and (done - self.gen_start) % self.gen_every == 0

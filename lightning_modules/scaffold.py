@@ -110,6 +110,12 @@ class Scaffold(FederatedModule):
             self.c_sum[n] = dc.clone() if total is None else total.to(dc.device) + dc
             self.c[n] = (self.c_sum[n] / num_clients).to(p.dtype)
 
+    def round_scalars(self, round_idx: int) -> dict[str, float]:
+        """The server control variate's L2 norm (one host read per round)."""
+        if not self.c:
+            return {}
+        return {"control_variate_norm": float(torch.sqrt(sum(t.double().pow(2).sum() for t in self.c.values())))}
+
     def server_state(self) -> dict[str, torch.Tensor]:
         return {f"c_sum.{n}": t for n, t in self.c_sum.items()}
 

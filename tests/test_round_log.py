@@ -35,3 +35,23 @@ def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, mon
         expected = sum(loss * n for loss, n in steps) / sum(n for _, n in steps)
         assert entry["train_loss"] == pytest.approx(expected, rel=1e-6)
         assert sum(n for _, n in steps) == entry["samples_trained"]  # every step of both local epochs counted
+
+
+def test_methods_expose_their_own_round_scalars(tiny_cfg, tmp_path):
+    """One hook in the method contract (round_scalars): FedBM's generator losses in the rounds it trains,
+    Scaffold's control-variate norm every round; in the history, as W&B's method/<name>."""
+    from bench.experiment import round_scalars
+
+    gen = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5, "gen_start": 2, "gen_every": 2,
+           "text_cache_dir": str(tmp_path / "text")}
+    record, _ = run_in_process(tiny_cfg(**{"method.name": "fedbm", "fed.rounds": 4, "partition.num_clients": 4,
+                                           "fed.sample_ratio": 1.0, "method.args": gen}))
+    trained = [h["round"] for h in record["history"] if h["method_scalars"]]
+    assert trained == [1, 3]  # after rounds 2 and 4 (1-based), as the generator's schedule says
+    assert set(record["history"][1]["method_scalars"]) == {"generator_loss", "generator_sem", "generator_div",
+                                                          "generator_dis"}
+    record, _ = run_in_process(tiny_cfg(**{"method.name": "scaffold", "fed.rounds": 2}))
+    norms = [h["method_scalars"]["control_variate_norm"] for h in record["history"]]
+    assert len(norms) == 2 and all(n > 0 for n in norms)
+    logged = round_scalars(record["history"][0], {"down": 1, "up": 1})
+    assert logged["method/control_variate_norm"] == norms[0]
