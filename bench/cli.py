@@ -1,12 +1,18 @@
-"""`fedbench` command: run one experiment, run/render a table, check the regression set, or time the hot loop.
+"""`fedbench` command: list what there is, run one experiment, run/render a table, check the regression set,
+or time the hot loop.
 
+    fedbench list                                   # methods (paper, one line), datasets (path under the data home), partition schemes
     fedbench run --config configs/experiments/quick.yaml --method.name fedprox --method.args '{mu: 0.01}'
-    fedbench run --print_config
+    fedbench run --print-config                     # every option, with defaults
     fedbench run --data-home /data --data.name kvasir    # datasets under /data by their archive names
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
     fedbench bench
+
+Every command takes either spelling of a flag (--output-dir or --output_dir, --data.max-train-samples or
+--data.max_train_samples), a boolean flag bare or with a value (--wandb, --wandb false), and lists its flags
+with --help (fedbench run --help).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
+from bench.reporting.flags import bare_booleans, fail, respell, unrecognized_message
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -33,9 +40,22 @@ HELP = {
 }
 
 
+class RunParser(ArgumentParser):
+    """jsonargparse, with an error as one line (no usage dump) and a mistyped flag answered with the
+    closest one (bench/reporting/flags.py)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # it raises
+            super().error(message, ex)
+        if message.startswith("unrecognized arguments: "):
+            message = unrecognized_message(message.split(": ", 1)[1].split(" "), self._option_string_actions)
+        fail(self.prog, message)
+
+
 def run_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="fedbench run", description="Run one federated experiment.",
-                            default_env=False, exit_on_error=True, allow_abbrev=False)
+    parser = RunParser(prog="fedbench run", default_env=False, exit_on_error=True, allow_abbrev=False,
+                       description="Run one federated experiment. Flags take either spelling (--output-dir or "
+                                   "--output_dir); a boolean flag may be bare (--wandb: true) or take true/false.")
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
     for name, typ in OPTION_GROUPS.items():
         parser.add_argument(f"--{name}", type=typ, default=typ())
@@ -49,9 +69,26 @@ def run_parser() -> ArgumentParser:
     return parser
 
 
+def boolean_flags() -> list[str]:
+    """The `run` flags whose type admits true/false: given bare, they mean true (``--wandb``)."""
+    def admits_bool(hint) -> bool:
+        return hint is bool or bool in typing.get_args(hint)
+
+    flags = [f"--{key}" for key, hint in typing.get_type_hints(RunConfig).items()
+             if key in TOP_LEVEL_KEYS and admits_bool(hint)]
+    for group, typ in OPTION_GROUPS.items():
+        flags += [f"--{group}.{key}" for key, hint in typing.get_type_hints(typ).items() if admits_bool(hint)]
+    return flags
+
+
+def run_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag."""
+    return bare_booleans(respell(argv, parser._option_string_actions), boolean_flags())
+
+
 def parse_run(argv: list[str]) -> RunConfig:
     parser = run_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(run_argv(parser, argv))
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
     init = instantiate(ns)
     kwargs = {k: v for k, v in vars(init).items() if k not in ("config", "__path__")}
@@ -123,27 +160,36 @@ def run_command(argv: list[str]) -> int:
                 how = "replaced the record of an earlier run of this configuration" if earlier else "new"
                 print(f"record: {find_record(cfg)} ({how})")
             return 0
-        if command == "table":
-            from bench.reporting.table_runner import main as table_main
-
-            return table_main(rest)
-        if command == "regression":
-            from bench.reporting.regression import main as regression_main
-
-            return regression_main(rest)
-        if command == "coverage":
-            from bench.reporting.coverage import main as coverage_main
-
-            return coverage_main(rest)
-        if command == "bench":
-            from bench.reporting.perf import main as perf_main
-
-            return perf_main(rest)
+        module = command_module(command)
+        if module is not None:
+            return module.main(rest)
     except FedbenchError as err:
         print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
-    print(f"fedbench: unknown command {command!r}; use run, table, regression, coverage or bench.", file=sys.stderr)
+    print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
+          "(fedbench --help shows examples).", file=sys.stderr)
     return 2
+
+
+COMMANDS = ("list", "run", "table", "regression", "coverage", "bench")
+
+
+def command_module(command: str):
+    """The module of a command other than ``run``: its ``main(argv)`` and ``build_parser()`` (None: no such
+    command)."""
+    if command == "list":
+        from bench.reporting import listing as module
+    elif command == "table":
+        from bench.reporting import table_runner as module
+    elif command == "regression":
+        from bench.reporting import regression as module
+    elif command == "coverage":
+        from bench.reporting import coverage as module
+    elif command == "bench":
+        from bench.reporting import perf as module
+    else:
+        return None
+    return module
 
 
 if __name__ == "__main__":

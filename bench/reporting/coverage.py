@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.reporting.columns import table_columns
+from bench.reporting.flags import FlagParser
 from bench.reporting.paper_compare import (
     PAPER_METRICS,
     PAPER_NAMES,
@@ -200,15 +201,19 @@ def format_report(result: dict[str, Any], uncovered_only: bool = False) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench coverage", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="fedbench coverage", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="configs/tables", help="directory of table configs")
     parser.add_argument("--papers-root", default="results/paper", help="directory of the papers' numbers")
     parser.add_argument("--paper", action="append", help="only this paper (repeatable); default: all")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--uncovered-only", action="store_true", help="list only the uncovered cells")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     result = coverage(args.configs, args.papers_root, args.paper)
     if args.json:
         json.dump(result, sys.stdout, indent=1)

@@ -33,6 +33,7 @@ from bench.core.allocator import GLIBC_ENV, OPT_OUT_ENV
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
+from bench.reporting.flags import FlagParser
 from bench.workers import CPU_LAYOUT, cpu_cores
 
 CASES = ("loops", "options", "workers", "round", "clip", "table2")
@@ -175,9 +176,9 @@ def load_report(path: Path) -> dict:
         return {}
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="fedbench bench", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(DEFAULT_CASES))
     parser.add_argument("--backbones", nargs="+", default=["resnet18", "simple-cnn"])
     parser.add_argument("--samples", type=int, default=2048, help="training samples per timed epoch")
@@ -192,7 +193,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="table2 case: --jobs of the concurrent variant")
     parser.add_argument("--skip-clip", action="store_true", help="same as leaving 'clip' out of --cases")
     parser.add_argument("--out", default="results/bench/perf.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     cases = [c for c in args.cases if not (c == "clip" and args.skip_clip)]
     out = Path(args.out)
     report = load_report(out)

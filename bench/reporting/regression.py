@@ -24,6 +24,7 @@ from bench.config import RunConfig, execution_keys, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.records import git_commit
+from bench.reporting.flags import FlagParser
 from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config, with_defaults
 
 DEFAULT_CONFIG = "configs/regression.yaml"
@@ -125,15 +126,19 @@ def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str
     return path
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench regression", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="fedbench regression", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--reference-dir", default=DEFAULT_REFERENCES)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these entries only")
     parser.add_argument("--update", action="store_true", help="rewrite the references with the new numbers")
     parser.add_argument("--reason", help="why the references change (required with --update)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.update and not (args.reason or "").strip():
         raise FedbenchError("--update needs --reason \"why the numbers moved\".")
     spec = load_config(args.config)

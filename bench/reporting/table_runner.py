@@ -30,7 +30,7 @@ import argparse
 import json
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from bench.records import (
     same_result_config,
 )
 from bench.reporting.columns import columns_from, table_columns
+from bench.reporting.flags import FlagParser, spellings, to_bool
 from bench.reporting.spec import check_overrides, deep_merge, load_spec, run_config
 from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
@@ -236,8 +237,21 @@ def prompts_file_changed(cfg: RunConfig, rec: dict) -> bool:
     return {k: kept.get(k) for k in ("concepts", "templates")} != load_prompt_file(path).content()
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fedbench table", description=__doc__, allow_abbrev=False)
+def run_option_hint(flag: str, value: str | None) -> str | None:
+    """A `run` option given to `table` (``--fed.rounds 3``): the ``--set`` that does it."""
+    key = spellings(flag)[0][2:]
+    group, _, field_name = key.partition(".")
+    if group in OPTION_GROUPS and field_name in {f.name for f in fields(OPTION_GROUPS[group])} \
+            or key in {f.name for f in fields(RunConfig)} and key not in OPTION_GROUPS:
+        return f"a run option goes through --set: --set {key}={value if value is not None else 'VALUE'}"
+    return None
+
+
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="fedbench table", description=__doc__, hint=run_option_hint,
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only and "
+                               "--wandb may be bare (true) or take true/false.")
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
@@ -247,8 +261,9 @@ def main(argv: list[str]) -> int:
                         help="runs at once, each on one rank with cores/jobs threads (bench/reporting/table_jobs.py)")
     parser.add_argument("--output-dir", default=None, help="where run records go (default results/runs)")
     parser.add_argument("--tables-dir", default="results/tables")
-    parser.add_argument("--wandb", action="store_true",
-                        help="log the runs and the rendered table to W&B (also: 'wandb: true' in the table config)")
+    parser.add_argument("--wandb", nargs="?", const=True, default=None, type=to_bool, metavar="true|false",
+                        help="log the runs and the rendered table to W&B (default: the table config's 'wandb', "
+                             "else false)")
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
     parser.add_argument("--data-home", default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
@@ -262,6 +277,11 @@ def main(argv: list[str]) -> int:
                         help="run only shard I of N (1 <= I <= N) of the table's runs, e.g. one per machine or "
                              "SLURM array task (--shard $((SLURM_ARRAY_TASK_ID + 1))/N); records go to the shared "
                              "--output-dir, and the table is rendered once every run of it has a record")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.shard = parse_shard(args.shard)
 
@@ -270,7 +290,7 @@ def main(argv: list[str]) -> int:
     if args.data_home:
         set_data_home(args.data_home)
     full_spec = load_table_config(args.config)
-    args.wandb = args.wandb or bool(full_spec.get("wandb"))
+    args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
     overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows)
     spec = overrides.select(full_spec)
     runs = plan_runs(spec, args.output_dir, check_records=False)

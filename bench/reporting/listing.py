@@ -1,0 +1,122 @@
+"""`fedbench list`: every registered method with the paper it follows (one line), every dataset with where
+it is looked for under the data home, and the partition schemes.
+
+Read from the registries (``METHODS``, ``DATASETS``, ``datamodules.partition.SCHEMES``) and the docstrings of
+the code that implements them, so a new method, dataset or scheme is listed without editing this file.
+A method is described by the first paragraph of its module's docstring (which names its paper); a second
+method in the same module (``fednpr-code`` beside ``fednpr``) by its own class docstring.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+from bench.reporting.flags import FlagParser
+from datamodules import partition
+from datamodules.base import DATASETS
+from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
+from datamodules.partition import SCHEMES
+from lightning_modules.base import METHODS
+
+WIDTH = 110  # characters of a description
+
+
+def first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a docstring on one line, without reST's double backquotes."""
+    return " ".join((doc or "").strip().split("\n\n")[0].replace("``", "").split())
+
+
+def one_line(text: str, width: int = WIDTH) -> str:
+    return textwrap.shorten(text, width, placeholder=" ...") if text else ""
+
+
+def method_descriptions() -> dict[str, str]:
+    """Registered method name -> one line: the paper and what it does."""
+    modules: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        modules[cls.__module__].append((inspect.getsourcelines(cls)[1], name))
+    out = {}
+    for module, members in modules.items():
+        module_doc = first_paragraph(sys.modules[module].__doc__)
+        for i, (_, name) in enumerate(sorted(members)):
+            cls = METHODS.get(name)
+            own = first_paragraph(cls.__dict__.get("__doc__"))
+            text = (own or module_doc) if i else (module_doc or own)
+            out[name] = one_line(text or cls.__name__)
+    return dict(sorted(out.items()))
+
+
+def shown_entry(entry: str) -> str:
+    """A data-home entry as a path: folders end with '/', files (``dermamnist*.npz``) do not."""
+    return entry if Path(entry).suffix else f"{entry}/"
+
+
+def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
+    """Dataset name -> (found / missing / -, its classes, where it is looked for)."""
+    out = {}
+    for name in DATASETS.names():
+        cls = DATASETS.get(name)
+        classes = cls.__dict__.get("class_names", getattr(cls, "class_names", None))
+        count = f"{len(classes)} classes" if isinstance(classes, list | tuple) else "its classes"  # class-folder
+        if cls.home_entries:
+            where = " or ".join(shown_entry(e) for e in cls.home_entries)
+            if cls.default_root:
+                where += f" (else {cls.default_root})"
+            found = locate(home, cls.home_entries)
+            if found is None and cls.default_root and Path(cls.default_root).expanduser().exists():
+                found = Path(cls.default_root).expanduser()
+            status = "found" if found else "missing"
+            where += f": found at {found}" if found else ""
+        elif cls.download_hint:
+            status, where = "-", "--data.root DIR (not looked for under the data home)"
+        else:
+            status, where = "-", "needs no files"
+        out[name] = (status, count, where)
+    return out
+
+
+def scheme_descriptions() -> dict[str, str]:
+    """Partition scheme -> the first sentence of its entry in datamodules/partition.py's docstring."""
+    doc = partition.__doc__ or ""
+    described = {m.group(1): " ".join(m.group(2).replace("``", "").split())
+                 for m in re.finditer(r"^``(\w+)``\n((?:    .*\n?)+)", doc, re.MULTILINE)}
+    return {s: one_line(described.get(s, "")) for s in SCHEMES}
+
+
+
+def table(rows: dict[str, str | tuple[str, ...]]) -> list[str]:
+    """Aligned lines: the name, then the cells (the last one unpadded)."""
+    rows = {name: (name, *((cells,) if isinstance(cells, str) else cells)) for name, cells in rows.items()}
+    widths = [max(len(r[i]) for r in rows.values()) for i in range(len(next(iter(rows.values()))))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1]
+            for r in rows.values()]
+
+
+def listing(home: Path | None = None) -> str:
+    home = home or data_home()
+    methods, datasets, schemes = method_descriptions(), dataset_locations(home), scheme_descriptions()
+    return "\n".join([
+        f"Methods ({len(methods)}; --method.name NAME):", *table(methods), "",
+        (f"Datasets ({len(datasets)}; --data.name NAME), looked for under the data home {home} "
+         f"(--data-home DIR or ${DATA_HOME_ENV}; an explicit --data.root wins):"), *table(datasets), "",
+        f"Partition schemes ({len(schemes)}; --partition.scheme NAME):", *table(schemes),
+    ])
+
+
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="fedbench list", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-home", default=None,
+                        help=f"the data home to look in (default ${DATA_HOME_ENV}, else ./data)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    home = set_data_home(args.data_home) if args.data_home else None
+    print(listing(home))
+    return 0
