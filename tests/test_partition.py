@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from bench.core.errors import PartitionError
-from datamodules.partition import SCHEMES, partition, plot_partition
+from bench.partition_plot import plot_partition
+from datamodules.partition import SCHEMES, partition
 
 FMNIST_LIKE = np.repeat(np.arange(10), 600)  # 6,000 labels, 10 balanced classes
 IMBALANCED = np.concatenate([np.full(n, c) for c, n in enumerate([500, 300, 120, 60, 20])])
