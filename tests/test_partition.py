@@ -138,7 +138,7 @@ def test_dirichlet_missing_rate_tracks_missing_prob():
         ({"scheme": "dirichlet", "beta": -1.0}, "beta must be > 0"),
         ({"scheme": "iid", "num_clients": 0}, "num_clients must be a positive integer"),
         ({"scheme": "iid", "num_clients": 7000}, "7000 clients but only 6000 samples"),
-        ({"scheme": "dirichle"}, "Choose one of: iid, dirichlet, shards, natural, dirichlet_missing"),
+        ({"scheme": "dirichle"}, "Choose one of: dirichlet, dirichlet_missing, iid, lda, natural, proportions, shards."),
         ({"scheme": "natural", "num_clients": 4}, "needs a site id per sample"),
         ({"scheme": "natural", "num_clients": 5, "groups": GROUPS}, "Set --partition.num_clients 4"),
         ({"scheme": "shards", "num_clients": 4000, "shards_per_client": 2}, "8000 shards but only 6000"),
