@@ -34,13 +34,14 @@ from bench.liveness import (
     nccl_error_handling,
     waiting_on,
 )
+from bench.partition_plot import plot_partition
 from bench.records import git_commit, package_versions, rank_idle, summarise, write_run_record
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.workers import resolve_workers
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
-from datamodules.partition import partition, plot_partition
+from datamodules.partition import partition
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit
 from lightning_modules.base import METHODS, FederatedModule, needs_loss_scaling

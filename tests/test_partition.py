@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from bench.core.errors import PartitionError
-from datamodules.partition import SCHEMES, partition, plot_partition
+from bench.partition_plot import plot_partition
+from datamodules.partition import SCHEMES, partition
 
 FMNIST_LIKE = np.repeat(np.arange(10), 600)  # 6,000 labels, 10 balanced classes
 IMBALANCED = np.concatenate([np.full(n, c) for c, n in enumerate([500, 300, 120, 60, 20])])
@@ -137,7 +138,7 @@ def test_dirichlet_missing_rate_tracks_missing_prob():
         ({"scheme": "dirichlet", "beta": -1.0}, "beta must be > 0"),
         ({"scheme": "iid", "num_clients": 0}, "num_clients must be a positive integer"),
         ({"scheme": "iid", "num_clients": 7000}, "7000 clients but only 6000 samples"),
-        ({"scheme": "dirichle"}, "Choose one of: iid, dirichlet, shards, natural, dirichlet_missing"),
+        ({"scheme": "dirichle"}, "Choose one of: dirichlet, dirichlet_missing, iid, lda, natural, proportions, shards."),
         ({"scheme": "natural", "num_clients": 4}, "needs a site id per sample"),
         ({"scheme": "natural", "num_clients": 5, "groups": GROUPS}, "Set --partition.num_clients 4"),
         ({"scheme": "shards", "num_clients": 4000, "shards_per_client": 2}, "8000 shards but only 6000"),

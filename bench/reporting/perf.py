@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.core.allocator import GLIBC_ENV, OPT_OUT_ENV
+from bench.core.allocator import OPT_OUT_ENV
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 from bench.reporting.flags import FlagParser
+from bench.reporting.perf_env import clean_env
 from bench.workers import CPU_LAYOUT, cpu_cores
 
 CASES = ("loops", "options", "workers", "round", "clip", "table2")
@@ -49,13 +49,6 @@ LOOP_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
 OPTIONS = {"channels_last": ["--channels-last"], "bf16-mixed": ["--precision", "bf16-mixed"],
            "compile": ["--compile"]}
 GOAL_RATIO, GOAL_SYSTEM_SHARE = 1.0, 0.05  # issue 19: >= 1.0x the churn-free bare loop, system < 5% of user
-
-
-def clean_env(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment without allocator settings, plus ``extra``; PYTHONPATH points here."""
-    env = {k: v for k, v in os.environ.items() if k not in GLIBC_ENV and k != OPT_OUT_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return {**env, **extra}
 
 
 def probe_cmd(loop: str, common: list[str], extra: list[str] | None = None) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
+from bench.reporting.perf_env import clean_env
 
 # per-round seconds of the peer suites on the 2-core machine, and the goal as a fraction of them
 PEER_ROUND_SECONDS = {"FL-bench": 65.24, "PFLlib": 86.31}
@@ -54,8 +55,6 @@ def round_rows(record: dict) -> list[dict[str, Any]]:
 
 def round_case(rounds: int = 3, max_train_samples: int | None = None, cache_dir: str | None = None,
                extra_args: list[str] | None = None) -> dict[str, Any]:
-    from bench.reporting.perf import clean_env
-
     with tempfile.TemporaryDirectory(prefix="fedbench-round-") as out:
         args = [*CASE, "--fed.rounds", str(rounds), "--output_dir", out]
         if max_train_samples:

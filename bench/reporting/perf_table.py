@@ -15,6 +15,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
+from bench.reporting.perf_env import clean_env
 
 TABLE2 = "configs/tables/table2_fashion-mnist.yaml"
 COMMITTED = "results/tables/table2_fashion-mnist.md"
@@ -40,8 +41,6 @@ def timed_table(config: str, extra: list[str], env: dict[str, str]) -> dict[str,
 
 
 def table2_case(jobs: int = 2, config: str = TABLE2) -> dict[str, Any]:
-    from bench.reporting.perf import clean_env
-
     ranks = timed_table(config, [], clean_env({}))
     parallel = timed_table(config, ["--jobs", str(jobs)], clean_env({}))
     committed = REPO_ROOT / COMMITTED

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.core.atomic_io import atomic_write
-from datamodules.partition import plot_partition
+from bench.partition_plot import plot_partition
 
 
 def _save(fig, path: Path) -> None:
