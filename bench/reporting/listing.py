@@ -1,7 +1,7 @@
 """`fedbench list`: every registered method with the paper it follows (one line), every dataset with where
 it is looked for under the data home, and the partition schemes.
 
-Read from the registries (``METHODS``, ``DATASETS``, ``datamodules.partition.SCHEMES``) and the docstrings of
+Read from the registries (``METHODS``, ``DATASETS``, ``PARTITION_SCHEMES``) and the docstrings of
 the code that implements them, so a new method, dataset or scheme is listed without editing this file.
 A method is described by the first paragraph of its module's docstring (which names its paper); a second
 method in the same module (``fednpr-code`` beside ``fednpr``) by its own class docstring.
@@ -16,10 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.reporting.flags import FlagParser
-from datamodules import partition
 from datamodules.base import DATASETS
 from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
-from datamodules.partition import SCHEMES
+from datamodules.partitions import PARTITION_SCHEMES
 from lightning_modules.base import METHODS
 
 WIDTH = 110  # characters of a description
@@ -81,11 +80,15 @@ def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
 
 
 def scheme_descriptions() -> dict[str, str]:
-    """Partition scheme -> the first sentence of its entry in datamodules/partition.py's docstring."""
-    doc = partition.__doc__ or ""
-    described = {m.group(1): " ".join(m.group(2).replace("``", "").split())
-                 for m in re.finditer(r"^``(\w+)``\n((?:    .*\n?)+)", doc, re.MULTILINE)}
-    return {s: one_line(described.get(s, "")) for s in SCHEMES}
+    """Partition scheme -> the first sentence of its description in the docstring of the module that
+    registers it (datamodules/partitions/<file>.py): its ``name`` entry, or the module's first line."""
+    out = {}
+    for name in PARTITION_SCHEMES.names():
+        doc = sys.modules[PARTITION_SCHEMES.get(name).__module__].__doc__ or ""
+        entry = re.search(rf"^``{re.escape(name)}``\n((?:    .*\n?)+)", doc, re.MULTILINE)
+        text = entry.group(1) if entry else doc.split("\n\n")[0].removeprefix(f"``{name}``:")
+        out[name] = one_line(" ".join(text.replace("``", "").split()))
+    return out
 
 
 
