@@ -164,7 +164,10 @@ def run_command(argv: list[str]) -> int:
         if module is not None:
             return module.main(rest)
     except FedbenchError as err:
-        print(f"fedbench: error: {err}", file=sys.stderr)
+        from bench.liveness import print_error_once
+
+        if print_error_once(str(err)):  # an error every rank hit: printed by rank 0 only
+            print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
     print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
           "(fedbench --help shows examples).", file=sys.stderr)

@@ -17,7 +17,7 @@ from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
 from bench.evaluation import eval_batch_size, evaluate_local, evaluate_sharded
 from bench.health import check_finite_state
-from bench.liveness import set_round, waiting_on
+from bench.liveness import other_rank_error, post_rank_error, set_round, waiting_on
 from bench.metrics import METRIC_NAMES, VAL_SCORES
 from bench.placement import assign_clients
 from lightning_modules.base import (
@@ -230,6 +230,8 @@ class Federation:
             except FedbenchError as err:
                 error = err
                 buf.mark_failure()
+                if self.world > 1:
+                    post_rank_error(self.rank, str(err))
                 break
             if scores is not None:
                 row = client_metrics_row(len(self.clients), c, [scores.get(k, float("nan")) for k in keys],
@@ -244,9 +246,10 @@ class Federation:
         if self.world > 1:
             with waiting_on(self.fabric, "the round's aggregation all-reduce"):
                 self.fabric.all_reduce(buf.buf, reduce_op="sum")
-        if buf.failures:
+        if buf.failures:  # every rank raises the failing client's own error (printed once, by rank 0)
             raise error if error is not None else FedbenchError(
-                f"Round {r}: a client on another rank failed (see that rank's error above).")
+                other_rank_error(self.rank, self.world)
+                or f"Round {r}: a client on another rank failed (see that rank's error above).")
         if self.shared:
             copy_into(self.global_state, buf.averaged_state())
         extras = buf.summed_extras()

@@ -7,6 +7,7 @@ and the collective it was waiting on.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -121,3 +122,51 @@ def waiting_on(fabric, what: str) -> Iterator[None]:
             why = "another rank ended or lost contact; its own error is printed above."
         raise CollectiveError(f"Rank {fabric.global_rank} of {fabric.world_size} gave up waiting for {what}{where}: "
                               f"{why} ({first_line(text, 200)})") from err
+
+
+ERROR_KEY = "fedbench/error/rank0"
+
+
+def print_error_once(text: str, wait_seconds: float = 3.0) -> bool:
+    """Whether this rank should print the error ``text``: an error every rank hits (a bad option caught
+    after the ranks started) is printed once, by rank 0. Rank 0 posts its error in the process group's
+    store and prints it; another rank prints its own only when rank 0 has not posted the same text within
+    ``wait_seconds`` (its error is its own: a client that diverged there, a rank 0 that died)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return True
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            store.set(ERROR_KEY, text)
+            return True
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            if store.check([ERROR_KEY]):
+                return store.get(ERROR_KEY).decode() != text
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 (no store, or rank 0 gone with it: say it here)
+        return True
+    return True
+
+
+def post_rank_error(rank: int, text: str) -> None:
+    """A rank whose client failed leaves its error in the store (before the round's all-reduce), so that
+    the other ranks can raise the same error, word for word, instead of pointing at another rank's output."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.distributed_c10d._get_default_store().set(f"fedbench/failed/{rank}", text)
+    except Exception:  # noqa: BLE001 (no store: the others say "see that rank's error")
+        return
+
+
+def other_rank_error(rank: int, world: int) -> str | None:
+    """The error another rank posted with ``post_rank_error`` (the lowest such rank's), or None."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        for other in range(world):
+            key = f"fedbench/failed/{other}"
+            if other != rank and store.check([key]):
+                return store.get(key).decode()
+    except Exception:  # noqa: BLE001
+        return None
+    return None
