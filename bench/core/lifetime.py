@@ -35,9 +35,11 @@ def terminate_on_sigterm():
     return signal.signal(signal.SIGTERM, handler)
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> str:
-    """Make this process receive ``sig`` when its parent exits; returns how ("prctl" or "poll")."""
-    parent = os.getppid()
+def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> str:
+    """Make this process receive ``sig`` when its parent exits; returns how ("prctl" or "poll").
+    ``parent``: the pid the parent had (passed down by it): a parent that died before this call is
+    noticed too (otherwise: the parent at the time of the call)."""
+    parent = os.getppid() if parent is None else parent
     how = "poll"
     if sys.platform.startswith("linux"):
         try:

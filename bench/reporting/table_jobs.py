@@ -52,11 +52,11 @@ def job_gpus(jobs: int, gpus: list[str]) -> list[str]:
     return gpus[:jobs]
 
 
-def _start_worker(threads: int, gpus: list[str], slot) -> None:
+def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None) -> None:
     """A --jobs worker's setup: its allocator, its threads and, on a GPU machine, its own GPU (the
     next free of ``gpus``, counted by the shared ``slot``), made its only visible device before CUDA
     starts, so that its runs' ``cuda:0`` is that GPU."""
-    die_with_parent()  # the table's process gone (any signal, even SIGKILL): this worker stops too
+    die_with_parent(parent=parent)  # the table's process gone (any signal, even SIGKILL): this worker stops too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the table's to handle: it stops the workers
     if gpus:
         with slot.get_lock():
@@ -93,7 +93,7 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     context = multiprocessing.get_context("spawn")
     bar = tqdm(total=len(todo), desc=desc, unit="run")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
-                             initargs=(threads, gpus, context.Value("i", 0))) as pool:
+                             initargs=(threads, gpus, context.Value("i", 0), os.getpid())) as pool:
         futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations, identity(r) if identity else None): r
                    for cfg, r in zip(configs, todo)}
         try:
