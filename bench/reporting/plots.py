@@ -40,11 +40,29 @@ def mean_curves(runs: list, records: dict[int, dict], key: str, label: str, colu
     return curves[0][0][:n], np.array([c[1][:n] for c in curves])
 
 
+def row_kinds(runs: list, records: dict[int, dict]) -> dict[str, str]:
+    """Each row's kind for the curves: "central" (a federation of one client), "per-client" (scored on the
+    clients' own splits or as their mean: not on the global model's scale) or "global"."""
+    from lightning_modules.base import METHODS
+
+    kinds: dict[str, str] = {}
+    for r in runs:
+        if r.label in kinds:
+            continue
+        protocol = next((records[id(x)].get("protocol") for x in runs if x.label == r.label and id(x) in records), None)
+        central = METHODS.get(r.cfg.method.name).runs_centrally
+        kinds[r.label] = "central" if central else "global" if protocol in (None, "global") else "per-client"
+    return kinds
+
+
 def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, columns: list,
-                panels_per_row: int = 6) -> dict[str, str]:
+                panels_per_row: int = 6, baseline: str | None = None) -> dict[str, str]:
     """Small multiples: one panel per table row, its mean test curve over seeds per run column (colour; the
-    band spans the seeds' min to max) over every other row's mean curves in grey, on shared axes, so that
-    twenty rows stay readable. Returns {"curves": path} or {} when no record has a curve."""
+    band spans the seeds' min to max), on shared axes, so that twenty rows stay readable. Behind it, in grey,
+    the other rows of its kind only (global-model rows, or per-client rows, which are on another scale);
+    on global-model panels the ``baseline`` row (FedAvg) is drawn dashed as the reference and Central's
+    final accuracy as a dotted line. Global-model rows come first, then Central, then per-client rows.
+    Returns {"curves": path} or {} when no record has a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -55,9 +73,13 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     columns = [c for c in columns if not c.derived]
     labels = list(dict.fromkeys(r.label for r in runs))
     curves = {(label, col.id): mean_curves(runs, records, key, label, col.id) for label in labels for col in columns}
-    drawn = [label for label in labels if any(curves[(label, c.id)] is not None for c in columns)]
+    kinds = row_kinds(runs, records)
+    order = {"global": 0, "central": 1, "per-client": 2}
+    drawn = sorted((label for label in labels if any(curves[(label, c.id)] is not None for c in columns)),
+                   key=lambda label: order[kinds[label]])
     if not drawn:
         return {}
+    central = next((label for label in drawn if kinds[label] == "central"), None)
     ncols = min(panels_per_row, len(drawn))
     nrows = -(-len(drawn) // ncols)
     fig = Figure(figsize=(2.5 * ncols, 2.0 * nrows + 0.9))
@@ -65,19 +87,27 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     colours = [f"C{k % 10}" for k in range(len(columns))]
     for ax, label in zip(axes.flat, drawn):
+        kind = kinds[label]
         for (other, _), curve in curves.items():
-            if other != label and curve is not None:
+            if other != label and curve is not None and kinds[other] == kind and other != baseline:
                 ax.plot(curve[0], curve[1].mean(0), color="0.8", linewidth=0.7, zorder=1)
         seeds = 0
         for col, colour in zip(columns, colours):
             curve = curves[(label, col.id)]
+            if kind == "global" and baseline not in (None, label) and curves.get((baseline, col.id)) is not None:
+                ref = curves[(baseline, col.id)]
+                ax.plot(ref[0], ref[1].mean(0), color=colour, linewidth=0.9, linestyle="--", zorder=2)
+            if kind == "global" and central is not None and curves.get((central, col.id)) is not None:
+                ax.axhline(curves[(central, col.id)][1].mean(0)[-1], color=colour, linewidth=0.8, linestyle=":",
+                           zorder=2)
             if curve is None:
                 continue
             xs, ys = curve
             seeds = max(seeds, len(ys))
             ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.18, linewidth=0, zorder=2)
             ax.plot(xs, ys.mean(0), color=colour, linewidth=1.6, zorder=3)
-        ax.set_title(f"{label} (n={seeds})", fontsize=8)
+        suffix = {"global": "", "central": ", reference", "per-client": ", per-client"}[kind]
+        ax.set_title(f"{label} (n={seeds}{suffix})", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(drawn):]:
@@ -91,8 +121,14 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
             ax.set_xlabel("round", fontsize=7)
     handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours]
     names = [col.label.replace("=", " = ") for col in columns]
+    if baseline is not None:
+        handles.append(Line2D([], [], color="0.3", linewidth=0.9, linestyle="--"))
+        names.append(f"{baseline} (reference)")
+    if central is not None:
+        handles.append(Line2D([], [], color="0.3", linewidth=0.8, linestyle=":"))
+        names.append(f"{central}, final")
     handles.append(Line2D([], [], color="0.8", linewidth=0.7))
-    names.append("other rows")
+    names.append("other rows of the kind")
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",

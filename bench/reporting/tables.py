@@ -418,7 +418,8 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
 
     out_dir = Path(tables_dir)
     plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
-    figures = {**plot_curves(spec, plotted, records, out_dir / f"{name}_curves.png", columns),
+    figures = {**plot_curves(spec, plotted, records, out_dir / f"{name}_curves.png", columns,
+                             baseline=baseline_label(spec, runs)),
                **plot_partitions(spec, plotted, records, out_dir, name, columns)}
     if figures:
         md += ["", "Figures: " + ", ".join(f"[{k}]({Path(v).name})" for k, v in figures.items())]
