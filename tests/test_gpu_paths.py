@@ -207,3 +207,15 @@ def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
     assert "loss scaling False (expected False)" in out and "all judged items passed" in out
     if not torch.cuda.is_available():
         assert main([]) == 0 and "no CUDA device visible" in capsys.readouterr().out
+
+
+# ---- item 13: make bench measures the machine at hand ------------------------------------------
+def test_loop_probe_measures_the_gpu_when_there_is_one(monkeypatch):
+    from bench.reporting.loop_probe import probe_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert probe_device("auto") == "cpu" and probe_device("cpu") == "cpu"
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        probe_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert probe_device("auto") == "cuda" and probe_device("cpu") == "cpu"

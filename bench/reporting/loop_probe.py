@@ -14,6 +14,7 @@ is a plain PyTorch loop over float images normalised once beforehand. Prints one
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import statistics
@@ -91,10 +92,14 @@ def measure(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.backends.mkldnn.enabled = not args.no_onednn
+    device = probe_device(args.device)
     data, num_classes = (synthetic_data(args.samples, args.image_size) if args.data == "synthetic"
                          else fashion_mnist(args.samples, args.cache_dir))
+    data = dataclasses.replace(data, images=data.images.to(device), labels=data.labels.to(device),
+                               mean=data.mean.to(device), std=data.std.to(device))
     torch.manual_seed(0)
     module = FederatedModule(num_classes=num_classes, in_channels=data.images.shape[1], backbone=args.backbone)
+    module.to(device)
     if args.loop == "bare":
         if args.channels_last or args.compile or args.precision != "32-true":
             raise SystemExit("the bare loop is the eager fp32 reference: the speed options apply to --loop fedbench")
@@ -105,7 +110,7 @@ def measure(args: argparse.Namespace) -> dict:
 
         from bench.speed_options import apply_speed_options, with_channels_last
 
-        autocast = Fabric(accelerator="cpu", devices=1, precision=args.precision).autocast
+        autocast = Fabric(accelerator=device, devices=1, precision=args.precision).autocast
         apply_speed_options(module, args.channels_last, args.compile)
         data = with_channels_last(data, args.channels_last)
         epoch = lambda seed: fedbench_epoch(module, data, args.batch_size, seed, autocast)
@@ -114,11 +119,13 @@ def measure(args: argparse.Namespace) -> dict:
     for rep in range(args.repeats):
         t = time.perf_counter()
         n = epoch(rep)
+        if device == "cuda":
+            torch.cuda.synchronize()  # the epoch's kernels have run, not only been queued
         rates.append(n / (time.perf_counter() - t))
         steps += n // args.batch_size
     after = rusage()
     used = {k: after[k] - before[k] for k in before}
-    return {"loop": args.loop, "backbone": args.backbone, "data": args.data, "threads": args.threads,
+    return {"loop": args.loop, "device": device, "backbone": args.backbone, "data": args.data, "threads": args.threads,
             "channels_last": args.channels_last, "compile": args.compile, "precision": args.precision,
             "batch_size": args.batch_size, "steps": steps, "samples_per_s": rates,
             "median_samples_per_s": statistics.median(rates), **used,
@@ -141,7 +148,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="fedbench loop: torch.compile the backbone")
     p.add_argument("--precision", default="32-true", help="fedbench loop: Fabric precision, e.g. bf16-mixed")
     p.add_argument("--no-onednn", action="store_true", help="torch.backends.mkldnn.enabled = False")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the loops run (auto: a CUDA GPU when there is one, else the CPU)")
     return p
+
+
+def probe_device(choice: str) -> str:
+    """The device the probe measures: ``choice``, or for "auto" CUDA when available, else the CPU."""
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible here")
+    return choice
 
 
 def main(argv: list[str] | None = None) -> int:

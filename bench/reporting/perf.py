@@ -94,15 +94,17 @@ def loops_case(args: argparse.Namespace) -> list[dict]:
                           "major_faults": median_of(rs, "major_faults"),
                           "system_s": median_of(rs, "system_s"), "user_s": median_of(rs, "user_s"),
                           "allocator": rs[0]["allocator"]["policy"]} for name, rs in runs.items()}
-        out.append({"backbone": backbone, "threads": args.threads, "samples": args.samples,
+        out.append({"backbone": backbone, "device": runs["fedbench"][0].get("device", "cpu"), "threads": args.threads,
+                    "samples": args.samples,
                     "batch_size": args.batch_size, "variants": summary, "ratios_vs_churn_free_bare": ratios,
                     "median_ratio": statistics.median(ratios), "runs": runs})
     return out
 
 
 def print_loops(results: list[dict]) -> None:
-    print("Local training: fedbench vs a bare PyTorch loop, each in its own process "
-          "(churn = glibc's default allocator)")
+    devices = sorted({r.get("device", "cpu") for r in results})
+    print(f"Local training on {', '.join(devices)} (the machine at hand: a CUDA GPU when there is one): fedbench "
+          "vs a bare PyTorch loop, each in its own process (churn = glibc's default allocator)")
     print(f"  {'backbone':12s} {'variant':15s} {'allocator':12s} {'samples/s':>10s} {'sys/user':>9s} "
           f"{'faults/step':>12s} {'system s':>9s}")
     for r in results:
