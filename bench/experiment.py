@@ -8,6 +8,7 @@ import math
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -300,14 +301,25 @@ def ranks_cpu_usage(fabric: Fabric, since: torch.Tensor) -> dict[str, list[float
     return {name: table[:, i].tolist() for i, name in enumerate(USAGE_FIELDS)}
 
 
-def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunObserver | None = None,
-                   annotations: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
-    ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
-    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
-    entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
-    apply_allocator_policy()  # once per process; a no-op when the CLI did it
-    usage_at_start = process_usage()
+@dataclass
+class Prepared:
+    """A run up to its first round: the resolved config, its Fabric, data, partition and module on the
+    device with the splits the rounds use."""
+
+    cfg: RunConfig
+    layout: str
+    fabric: Fabric
+    own_fabric: bool
+    dm: FederatedDataModule
+    part: Any
+    module: FederatedModule
+    splits: tuple
+    idle: list[str]
+
+
+def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
+    """Validate ``cfg`` and resolve where it runs: (config with devices/threads set, how they were chosen);
+    the process's threads and CUDA float32 flags are set here."""
     validate_config(cfg)
     if fabric is None:
         cfg, layout = resolve_workers(cfg, METHODS.get(cfg.method.name).runs_centrally)
@@ -318,19 +330,28 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     apply_gpu_math(cfg.gpu_math)
-    run_dir = Path(cfg.output_dir) / cfg.experiment
-    own_fabric = fabric is None
-    started = time.time()
-    if own_fabric:  # data and partition before any other rank starts: their errors are printed once, at once
+    return cfg, layout
+
+
+def launch_with_data(cfg: RunConfig, fabric: Fabric | None):
+    """(fabric, datamodule, partition). Without a caller's Fabric the data and partition come first, in
+    the launching process, so that their errors are printed once, before any other rank starts."""
+    if fabric is None:
         dm = setup_datamodule(cfg)
         part = run_partition(cfg, dm)
+        run_dir = Path(cfg.output_dir) / cfg.experiment
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
-    else:
-        with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
-            dm = setup_datamodule(cfg)
-        part = run_partition(cfg, dm)
-    p = cfg.partition
+        return fabric, dm, part
+    with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
+        dm = setup_datamodule(cfg)
+    return fabric, dm, run_partition(cfg, dm)
+
+
+def module_on_device(cfg: RunConfig, dm: FederatedDataModule, fabric: Fabric) -> tuple[FederatedModule, tuple, list[str]]:
+    """(module, (train, val, test) as the rounds see them, idle-option warnings): the module built, warned
+    about options that never act (printed now, by rank 0), moved to the device in the run's precision with
+    its speed options, and the splits on the device through the module's ``prepare_splits``."""
     module = build_module(cfg, dm)
     idle = idle_option_warnings(cfg, module)
     if fabric.global_rank == 0:
@@ -341,21 +362,32 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
         module.to(dtype)
     apply_speed_options(module, cfg.channels_last, cfg.compile)
-    device = fabric.device
-    train, val, test = (None if s is None else with_channels_last(to_device(s, dm, device, dtype), cfg.channels_last)
-                        for s in (dm.train, dm.val, dm.test))
-    train, val, test = module.prepare_splits(train, val, test)
-    counts = part.counts(dm.train.labels.numpy(), dm.num_classes)
-    observer = observer or RunObserver()
-    observer.start(cfg, fabric.global_rank)
-    fed = None
+    splits = (None if s is None else with_channels_last(to_device(s, dm, fabric.device, dtype), cfg.channels_last)
+              for s in (dm.train, dm.val, dm.test))
+    return module, module.prepare_splits(*splits), idle
+
+
+def prepare_run(cfg: RunConfig, fabric: Fabric | None) -> Prepared:
+    cfg, layout = resolve_run(cfg, fabric)
+    own_fabric = fabric is None
+    fabric, dm, part = launch_with_data(cfg, fabric)
+    module, splits, idle = module_on_device(cfg, dm, fabric)
+    return Prepared(cfg, layout, fabric, own_fabric, dm, part, module, splits, idle)
+
+
+def federate(run: Prepared, observer: RunObserver, started: float, usage_at_start: torch.Tensor):
+    """The rounds: (Federation, protocol, history, each rank's CPU usage, bytes per client and round).
+    The observer hears every round, and the run's end with exit code 1 when it raises."""
+    cfg, module, fabric, dm = run.cfg, run.module, run.fabric, run.dm
+    train, val, test = run.splits
     try:
         protocol = eval_protocol(cfg, module)
         if module.runs_centrally:  # a federation of one client holding all the training data
-            fed_cfg, clients = as_one_client(cfg, len(train.labels), device)
+            fed_cfg, clients = as_one_client(cfg, len(train.labels), fabric.device)
         else:
             fed_cfg = cfg
-            clients = client_splits(cfg, part.client_indices, dm.train, protocol == "per_client", device, dm.test, test)
+            clients = client_splits(cfg, run.part.client_indices, dm.train, protocol == "per_client", fabric.device,
+                                    dm.test, test)
         fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
         fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
         per_client = bytes_per_client_round(module)
@@ -368,7 +400,14 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     except BaseException:
         observer.finish(exit_code=1)
         raise
-    summary = summarise(history, protocol)
+    return fed, protocol, history, cpu, per_client
+
+
+def build_record(run: Prepared, fed: Federation, protocol: str, history: list[dict], cpu: dict, per_client: dict,
+                 started: float, annotations: dict[str, Any] | None) -> dict[str, Any]:
+    """The run record: config, versions, data, partition, history with its summary, execution, warnings."""
+    cfg, dm, module, fabric = run.cfg, run.dm, run.module, run.fabric
+    counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
         "code_version": code_version(), "versions": package_versions(),
@@ -377,33 +416,59 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),
         "backbone": module.describe_backbone(),
         **({"prompts": module.prompt_info} if module.prompt_info is not None else {}),
-        "partition": {**part.to_json(), "counts": counts.tolist()},
+        "partition": {**run.part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": 0 if dm.val is None else len(dm.val), "test": len(dm.test)},
         "bytes_per_client_round": per_client,
-        "history": history, **summary,
+        "history": history, **summarise(history, protocol),
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
-        "execution": {**execution_record(fabric, cfg.precision), "layout": layout, "rank_idle": rank_idle(history), "cpu": cpu},
+        "execution": {**execution_record(fabric, cfg.precision), "layout": run.layout, "rank_idle": rank_idle(history),
+                      "cpu": cpu},
     }
     resumed = fed.checkpointer.resumed if fed is not None else None
     if resumed:
         record["resumed"] = resumed
         if resumed.get("forced_differences"):
             record["resumed_with_force"] = resumed["forced_differences"]
-    record["warnings"] = idle + collapse_warnings(record)
-    if fabric.global_rank == 0:
-        for warning in record["warnings"]:
-            print(f"fedbench: warning: {cfg.run_name()}: {warning}", file=sys.stderr, flush=True)
-    observer.summary(record)
-    observer.finish()
+    record["warnings"] = run.idle + collapse_warnings(record)
+    return record
+
+
+def write_outputs(run: Prepared, record: dict[str, Any]) -> None:
+    """Rank 0: the partition heatmap (once per partition) and the record (and final state), where
+    find_record finds them; then every rank waits for it."""
+    cfg, fabric, dm, p = run.cfg, run.fabric, run.dm, run.cfg.partition
     if fabric.global_rank == 0:
         heatmap = partition_plot_path(cfg)
         if not heatmap.exists():  # one per partition, shared by every method run on it
+            counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
             plot_partition(counts, str(heatmap), list(dm.class_names),
                            title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
-        state = {k: v.detach().cpu() for k, v in module.state_dict().items()} if cfg.save_final_state else None
+        state = {k: v.detach().cpu() for k, v in run.module.state_dict().items()} if cfg.save_final_state else None
         write_run_record(cfg, record, state)  # never over a record of another configuration
     with waiting_on(fabric, "rank 0 to write the record"):
         fabric.barrier()
-    if own_fabric:
-        wait_for_launched_ranks(fabric)
+
+
+def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunObserver | None = None,
+                   annotations: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
+    ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
+    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
+    entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
+    apply_allocator_policy()  # once per process; a no-op when the CLI did it
+    usage_at_start = process_usage()
+    started = time.time()
+    run = prepare_run(cfg, fabric)
+    observer = observer or RunObserver()
+    observer.start(run.cfg, run.fabric.global_rank)
+    fed, protocol, history, cpu, per_client = federate(run, observer, started, usage_at_start)
+    record = build_record(run, fed, protocol, history, cpu, per_client, started, annotations)
+    if run.fabric.global_rank == 0:
+        for warning in record["warnings"]:
+            print(f"fedbench: warning: {run.cfg.run_name()}: {warning}", file=sys.stderr, flush=True)
+    observer.summary(record)
+    observer.finish()
+    write_outputs(run, record)
+    if run.own_fabric:
+        wait_for_launched_ranks(run.fabric)
     return record

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -132,19 +131,23 @@ def test_jobs_get_one_gpu_each_and_never_more_jobs_than_gpus():
         job_gpus(3, ["4", "7"])
 
 
-def _worker_gpu(_):
-    return os.environ.get("CUDA_VISIBLE_DEVICES"), os.getpid()
+def _report_gpu(threads, gpus, slot, parent, queue):
+    _start_worker(threads, gpus, slot, parent)
+    queue.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def test_each_jobs_worker_sees_only_its_own_gpu():
-    """Two spawned workers (as `fedbench table --jobs 2` starts them) with GPUs 4 and 7: each sees
-    exactly one of them as its only CUDA device, and they differ."""
+    """Two spawned workers set up as `fedbench table --jobs 2` sets them up (the same initializer and shared
+    slot counter), with GPUs 4 and 7: each sees exactly one of them as its only CUDA device, and they differ."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=2, mp_context=context, initializer=_start_worker,
-                             initargs=(1, ["4", "7"], context.Value("i", 0))) as pool:
-        seen = set(pool.map(_worker_gpu, range(8), chunksize=1))
-    by_pid = {pid: gpu for gpu, pid in seen}
-    assert sorted(by_pid.values()) == ["4", "7"]
+    slot, queue = context.Value("i", 0), context.Queue()
+    workers = [context.Process(target=_report_gpu, args=(1, ["4", "7"], slot, os.getpid(), queue)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    seen = sorted(queue.get(timeout=60) for _ in workers)
+    for w in workers:
+        w.join(timeout=30)
+    assert seen == ["4", "7"]
 
 
 # ---- item 6: CUDA float32 flags, set and recorded -------------------------------------------------
