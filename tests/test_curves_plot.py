@@ -10,7 +10,8 @@ from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 
 
-def test_round_ticks_are_whole_numbers(tmp_path, monkeypatch):
+def record_figures(monkeypatch) -> list:
+    """The matplotlib Figures created from now on (the plots build theirs inside)."""
     figures = []
 
     class Recording(matplotlib.figure.Figure):
@@ -19,6 +20,11 @@ def test_round_ticks_are_whole_numbers(tmp_path, monkeypatch):
             figures.append(self)
 
     monkeypatch.setattr(matplotlib.figure, "Figure", Recording)
+    return figures
+
+
+def test_round_ticks_are_whole_numbers(tmp_path, monkeypatch):
+    figures = record_figures(monkeypatch)
     runs = plan_runs(SPEC, str(tmp_path / "runs"))
     for run in runs:
         if run.label == "FedAvg":
@@ -35,14 +41,7 @@ def test_round_ticks_are_whole_numbers(tmp_path, monkeypatch):
 def test_curves_draw_fedavg_as_reference_central_as_a_line_and_per_client_rows_apart(tmp_path, monkeypatch):
     """Issue 30: on a global-model panel the baseline (FedAvg) is dashed and Central's final accuracy a dotted
     line, the grey background holds only rows of the same kind; per-client rows come last, without either."""
-    figures = []
-
-    class Recording(matplotlib.figure.Figure):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            figures.append(self)
-
-    monkeypatch.setattr(matplotlib.figure, "Figure", Recording)
+    figures = record_figures(monkeypatch)
     runs = plan_runs(SPEC, str(tmp_path / "runs"))
     acc = {"FedAvg": 60.0, "Central": 90.0, "Ours only": 70.0, "FedRep (per-client)": 80.0}
     for run in runs:
