@@ -36,7 +36,7 @@ def test_values_are_typed_by_the_option():
         assert (c.fed.rounds, c.fed.sample_ratio, c.data.root, c.data.image_size, c.fed.weighting) == (
             2, 1.0, "2024", None, "uniform")
         assert isinstance(c.fed.sample_ratio, float) and c.fed.lr_milestones == [3, 5] and c.threads == 1
-        assert c.partition.num_clients == 4  # untouched options keep the config's values
+        assert c.partition.num_clients == SPEC["base"]["partition"]["num_clients"] == 10  # untouched: the config's
 
 
 def test_overrides_beat_row_options_and_method_args_go_where_accepted():

@@ -3,13 +3,16 @@
 For every published cell it prints the config, row and column whose number is printed beside it
 (found with the same lookup the table renderer uses, bench/paper_compare.match_table, so coverage
 is exactly what the rendered tables show), or ``uncovered: <reason>``:
-  - ``protocol differs: ...`` when a row finds the cell but was not measured as the paper measured it;
+  - ``protocol differs: ...`` when a row finds the cell but was not measured as the paper measured it,
+    ``setup differs: rounds 20 vs 200`` when it trained in another setup (clients, rounds, local epochs,
+    client sampling, partition), ``not comparable: ...`` when it is a stand-in;
   - a reason a config gives next to what it concerns (``uncovered: [{paper, table, method, ...,
     reason}]`` in the table config, e.g. "the paper does not state the prompts");
   - else an automatic one: no config compares with that paper / dataset, no column for that
     partition, the metric is not in the config, no row names the method, or rows name it but look up
     another table or setting.
-Then a per-paper, per-table summary X/Y. ``--json`` prints all of it as JSON.
+Then a per-paper, per-table summary X/Y, and how many uncovered cells differ by which facet (a cell
+counts once per facet of the row closest to the paper's protocol). ``--json`` prints all of it as JSON.
 
     fedbench coverage [--paper fedbm --paper fedcb] [--json] [--uncovered-only]
 """
@@ -54,6 +57,8 @@ class Claim:
     metric: str
     differs: str | None
     inferred: bool = False  # the paper's protocol for that cell is inferred, not stated
+    kinds: tuple[str, ...] = ()  # what differs ("round", "setup: rounds", ...), when it differs
+    reason: str | None = None  # the difference, grouped ("protocol differs: ...; setup differs: ...")
 
 
 @dataclass
@@ -83,7 +88,8 @@ def scan_config(path: Path, cells: list[dict], claims: dict[tuple, list[Claim]])
             for m in match_row(mine, papers, ref, metric):
                 if m.cell is not None:
                     inferred = bool((m.cell.get("protocol") or {}).get("inferred"))
-                    claims[cell_key(m.cell)].append(Claim(str(path), label, col_id, metric, m.differs, inferred))
+                    claims[cell_key(m.cell)].append(Claim(str(path), label, col_id, metric, m.differs, inferred,
+                                                          m.kinds, m.reason))
     return index
 
 
@@ -142,12 +148,14 @@ def coverage(config_dir: str = "configs/tables", papers_root: str = "results/pap
         entry = {k: cell.get(k) for k in CELL_ID} | {"mean": cell["mean"], "std": cell.get("std")}
         entry["covered"] = bool(ok)
         entry["protocol_inferred"] = bool(ok) and ok[0].inferred
-        entry["by"] = [vars(c) for c in ok]
+        entry["by"] = [{k: v for k, v in vars(c).items() if k not in ("kinds", "reason")} for c in ok]
+        entry["differs_in"] = []
         if ok:
             entry["reason"] = None
         elif found:  # the claim closest to the paper's protocol (fewest differences)
-            c = min(found, key=lambda c: c.differs.count("; "))
-            entry["reason"] = f"protocol differs: {c.differs} ({Path(c.config).name}, row {c.row!r})"
+            c = min(found, key=lambda c: len(c.kinds))
+            entry["reason"] = f"{c.reason} ({Path(c.config).name}, row {c.row!r})"
+            entry["differs_in"] = list(dict.fromkeys(c.kinds))
         else:
             given = [(ix, e) for ix in indexes for e in ix.uncovered if _entry_matches(e, cell)]
             if given:
@@ -157,14 +165,18 @@ def coverage(config_dir: str = "configs/tables", papers_root: str = "results/pap
                 entry["reason"] = automatic_reason(cell, indexes)
         out_cells.append(entry)
     summary: dict[str, dict] = {}
+    facets: dict[str, int] = {}  # facet -> uncovered cells whose closest row differs in it
     for e in out_cells:
+        for kind in e["differs_in"]:
+            facets[kind] = facets.get(kind, 0) + 1
         p = summary.setdefault(e["paper"], {"covered": 0, "total": 0, "inferred": 0, "tables": {}})
         t = p["tables"].setdefault(e["table"], {"covered": 0, "total": 0, "inferred": 0})
         for bucket in (p, t):
             bucket["total"] += 1
             bucket["covered"] += e["covered"]
             bucket["inferred"] += e["protocol_inferred"]
-    return {"configs": [str(p) for p in configs], "errors": errors, "summary": summary, "cells": out_cells}
+    return {"configs": [str(p) for p in configs], "errors": errors, "summary": summary,
+            "differs_by": dict(sorted(facets.items(), key=lambda kv: (-kv[1], kv[0]))), "cells": out_cells}
 
 
 def pct(covered: int, total: int) -> str:
@@ -198,6 +210,10 @@ def format_report(result: dict[str, Any], uncovered_only: bool = False) -> str:
                          + (f" ({t['inferred']} inferred)" if t["inferred"] else ""))
         total_c, total_n, total_i = total_c + s["covered"], total_n + s["total"], total_i + s["inferred"]
     lines.append(f"  all: {pct(total_c, total_n)}" + (f", {total_i} inferred" if total_i else ""))
+    differing = sum(1 for e in result["cells"] if e["differs_in"])
+    lines += ["", (f"Not comparable although a row finds the cell: {differing} cells; by facet (a cell counts once "
+                   "per facet it differs in; 'setup: ...' = clients, rounds, local epochs, client sampling, partition):")]
+    lines += [f"  {kind}: {n}" for kind, n in result["differs_by"].items()] or ["  none"]
     return "\n".join(lines)
 
 

@@ -14,8 +14,12 @@ column's partition (bench/reporting/columns.py; partition-independent rows fall 
 or use their own one-client (``none``), iid, shards or natural partition), the method and the metric; comparison tables
 first, then ablations, unless the row names a table or a setting.
 
-A found cell is compared only when the row's protocol (bench/reporting/protocols.py) is the paper's;
-otherwise it says ``protocol differs: <what>`` and has no difference and no p-value. Papers report
+A found cell is compared only when the row's protocol (bench/reporting/protocols.py) is the paper's
+and its run's setup (clients, rounds, local epochs, client sampling, partition) is the paper's;
+otherwise it says ``protocol differs: <what>`` / ``setup differs: rounds 20 vs 200`` and has no
+difference and no p-value. A row whose runs were changed with ``--set`` or that stands in for the
+paper's data (it runs another dataset than the ``paper_dataset`` it names, or the table config says
+``stand_in: <why>``) is never compared: ``not comparable: <why>``. Papers report
 mean ± std over 3 runs (FedBM, FedCB) or five folds (FedNPR; ``PAPER_RUNS``); single runs (FACMIC,
 FST-CBDG) have no std, hence no p-value.
 """
@@ -30,7 +34,13 @@ from scipy import stats
 from bench.core.errors import FedbenchError
 from bench.reporting.columns import Column
 from bench.reporting.paper_numbers import load_paper_numbers
-from bench.reporting.protocols import RowProtocol, protocol_facets, row_protocol
+from bench.reporting.protocols import (
+    RowProtocol,
+    describe_facets,
+    difference_text,
+    protocol_facets,
+    row_protocol,
+)
 
 # runs behind a paper's mean ± std (the Welch test's n): 3 seeds (FedBM, FedCB), FedNPR's five-fold CV
 PAPER_RUNS = {"fedbm": 3, "fedcb": 3, "fednpr": 5}
@@ -107,7 +117,21 @@ def row_lookup(spec: dict, run, column: Column) -> RowLookup:
         partitions = [column.paper_partition, "none"]
     else:
         partitions = [column.paper_partition]
-    return RowLookup(row["label"], row, dataset, row_protocol(run.cfg, row, spec, where), partitions)
+    protocol = row_protocol(run.cfg, row, spec, where, getattr(run, "overrides", None), stand_in_reason(spec, run))
+    return RowLookup(row["label"], row, dataset, protocol, partitions)
+
+
+def stand_in_reason(spec: dict, run) -> str | None:
+    """Why ``run``'s row stands in for a paper's data: the table config's ``stand_in``, or the row names a
+    ``paper_dataset`` other than the data it runs (a transfer row, data.test_dataset, tests on another
+    dataset by design); None when it runs the paper's data."""
+    if spec.get("stand_in"):
+        return str(spec["stand_in"])
+    named = run.row.get("paper_dataset") or spec.get("paper_dataset")
+    own = PAPER_DATASETS.get(run.cfg.data.name, run.cfg.data.name)
+    if named and named != own and not run.cfg.data.test_dataset:
+        return f"it runs {run.cfg.data.name}, not the paper's {named}"
+    return None
 
 
 def find_cell(cells: list[dict], paper: str, dataset: str, partitions: list[str], method: str, metric: str,
@@ -131,8 +155,11 @@ class Match:
 
     paper: str
     cell: dict | None
-    differs: str | None = None  # "protocol differs" reason; None when comparable (or no cell)
-    facets: str | None = None  # its short form: what differs ("evaluation, round")
+    differs: str | None = None  # why it is not comparable (difference_text); None when comparable (or no cell)
+    facets: str | None = None  # its short form, as the paper column prints it ("protocol differs: evaluation,
+    # round", "setup differs: rounds 20 vs 200", "not comparable: ...")
+    kinds: tuple[str, ...] = ()  # what differs, one name per facet ("round", "setup: rounds", "overridden")
+    reason: str | None = None  # its long form, grouped ("protocol differs: ...; setup differs: ...")
 
     @property
     def comparable(self) -> bool:
@@ -154,7 +181,8 @@ def match_row(cells: list[dict], papers: list[str], ref: RowLookup, metric: str)
         cell = find_cell(cells, paper, ref.dataset, ref.partitions, method, metric,
                          per_paper(ref.row, "paper_table", paper), per_paper(ref.row, "paper_setting", paper))
         facets = [] if cell is None else protocol_facets(ref.protocol, cell.get("protocol") or {})
-        out.append(Match(paper, cell, "; ".join(t for _, t in facets) or None, ", ".join(f for f, _ in facets) or None))
+        out.append(Match(paper, cell, difference_text(facets), describe_facets(facets, short=True),
+                         tuple(f.kind for f in facets), describe_facets(facets)))
     return out
 
 
@@ -187,7 +215,8 @@ def row_protocols(spec: dict, runs: list) -> dict[str, RowProtocol]:
     out = {}
     for r in runs:
         if r.label not in out:
-            out[r.label] = row_protocol(r.cfg, r.row, spec, f"Table {spec['table']}_{spec['dataset']}, row {r.label!r}")
+            out[r.label] = row_protocol(r.cfg, r.row, spec, f"Table {spec['table']}_{spec['dataset']}, row {r.label!r}",
+                                        getattr(r, "overrides", None), stand_in_reason(spec, r))
     return out
 
 

@@ -47,17 +47,27 @@ def load_paper_numbers(paper: str | None = None, root: str = "results/paper") ->
         for table in doc["tables"]:
             for c in table["cells"]:
                 cells.append({"paper": doc["paper"], "table": str(table["id"]),
-                              "table_kind": table.get("kind"), "protocol": paper_protocol_of(table, c["method"]),
-                              **c})
+                              "table_kind": table.get("kind"),
+                              "protocol": paper_protocol_of(table, c["method"], c["dataset"], c["partition"]), **c})
     return cells
 
 
-def paper_protocol_of(table: dict, method: str) -> dict:
+def paper_protocol_of(table: dict, method: str, dataset: str | None = None, partition: str | None = None) -> dict:
     """How a paper table measured ``method`` (see bench/reporting/protocols.py): the table's
     ``protocol``, updated by its ``method_protocols[method]`` exception; {} when the transcription
-    has none."""
+    has none.
+
+    With a ``dataset``, the setup (``setup``: clients, rounds, local_epochs, sample_ratio, or epochs
+    for a centralised model) is that dataset's: a value given per dataset (``{"bt": 100, "sc": 50}``)
+    is resolved to the cell's. With a ``partition`` (the cell's column, e.g. ``dirichlet-0.1``), the
+    setup also holds it as ``partition``: the partition scheme and its parameter are a setup facet."""
     proto = dict(table.get("protocol") or {})
     proto.update((table.get("method_protocols") or {}).get(method) or {})
+    if dataset is not None and "setup" in proto:
+        proto["setup"] = {k: (v.get(dataset) if isinstance(v, dict) else v) for k, v in proto["setup"].items()}
+        proto["setup"] = {k: v for k, v in proto["setup"].items() if v is not None}
+    if partition is not None:
+        proto["setup"] = {**proto.get("setup", {}), "partition": partition}
     return proto
 
 

@@ -1,6 +1,8 @@
-"""Evaluation protocols: what is evaluated (``eval``), at which round (``round``), of which model.
+"""Evaluation protocols: what is evaluated (``eval``), at which round (``round``), of which model, and
+the setup it was trained in (``setup``).
 
-A published number is comparable with ours only when both were measured the same way. Three facets:
+A published number is comparable with ours only when both were measured the same way, in the same setup.
+The measurement facets:
 
 eval (what is scored; a run's is its method's default, or ``fed.protocol``):
     global      the global (aggregated) model on the global test set. For methods with per-client
@@ -30,6 +32,23 @@ model (papers only, optional): the methods of ours that train the paper's model 
 ``["central"]`` for FedBM's Central Learning; an empty list when we have none (FACMIC's Centralized
 fine-tunes the whole CLIP on pooled data).
 
+setup (the whole training setup; a paper's is ``protocol.setup`` with ``setup_source`` saying where each
+value is stated, and ``setup_inferred`` the values read from code or inferred; values may be given per
+dataset):
+    clients       the number of clients (1 for a centralised model)
+    rounds        communication rounds
+    local_epochs  local epochs per round
+    sample_ratio  the share of clients sampled per round
+    epochs        (centralised models) epochs on the pooled data: our rounds x local epochs
+    partition     the partition scheme and its parameter, as the papers' column key (``dirichlet-0.1``,
+                  ``lda-0.05``, ``shards-2``, ``iid``, ``natural``, ``dirichlet-classwise``): the cell's
+                  column for the paper, the run's own partition for ours
+Only the values a paper's setup records are compared (a zero-shot model records none: nothing trains).
+
+A row is never comparable when its runs were changed on the command line (``fedbench table --set``:
+another budget than the config's) or when it is a stand-in (it runs another dataset than the paper's
+it is set beside, or its table config says ``stand_in``): its paper column says why.
+
 A paper's protocol is per table in results/paper/<paper>.json (``protocol``), with per-method
 exceptions (``method_protocols``); ``bench.reporting.paper_numbers`` attaches the merged one to each cell.
 """
@@ -37,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.core.errors import FedbenchError
@@ -95,6 +114,36 @@ def metric_at(record: dict, metric: str, rule: str) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+SETUP_NAMES = {  # setup facet -> how a difference names it ("rounds 20 vs 200")
+    "clients": "clients", "rounds": "rounds", "local_epochs": "local epochs", "sample_ratio": "client sampling",
+    "epochs": "epochs", "partition": "partition",
+}
+SETUP_ORDER = tuple(SETUP_NAMES)
+# facets that make a row never comparable, whatever the paper recorded
+NOT_COMPARABLE = ("overridden", "stand-in")
+
+
+class Facet(tuple):
+    """One difference between a row and a paper's cell: ``(facet, explanation)`` as a pair, e.g.
+    ``("setup", "rounds 20 vs 200")``, with ``kind`` the name it is counted under (``setup: rounds``;
+    the facet itself for the others)."""
+
+    kind: str
+
+    def __new__(cls, facet: str, text: str, kind: str | None = None):
+        obj = super().__new__(cls, (facet, text))
+        obj.kind = kind or facet
+        return obj
+
+    @property
+    def facet(self) -> str:
+        return self[0]
+
+    @property
+    def text(self) -> str:
+        return self[1]
+
+
 @dataclass(frozen=True)
 class RowProtocol:
     """How a table row is measured: derived from its run config and the table config."""
@@ -102,6 +151,12 @@ class RowProtocol:
     eval: str
     round: str
     method: str  # the method that trains it (for the paper's ``model`` facet)
+    # the setup its run trains in (SETUP_NAMES: clients, rounds, local_epochs, sample_ratio; clients and
+    # epochs for a centralised model); empty when not derived from a run config
+    setup: dict[str, Any] = field(default_factory=dict, compare=False)
+    partition: str | None = None  # its run's partition as the papers' key; None: partition-independent
+    overridden: str | None = None  # the command-line overrides of its runs ("--set fed.rounds=2")
+    stand_in: str | None = None  # why it stands in for the paper's data, when it does
 
     def describe(self) -> str:
         return f"{EVALS[self.eval]}, {ROUND_RULES[self.round]}"
@@ -116,8 +171,44 @@ def default_round_rule(eval_protocol: str, table_rule: str | None) -> str:
     return "best-val-acc" if eval_protocol == "global" else "final"
 
 
-def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str) -> RowProtocol:
-    """The protocol of a row whose (first) run has config ``cfg``."""
+def partition_key(cfg) -> str:
+    """A run's partition as the papers' partition key (bench/reporting/columns.py names them)."""
+    p = cfg.partition
+    if getattr(cfg.data, "client_split_file", None):
+        return "dirichlet-classwise"  # FedNPR's published class-wise Dirichlet split, read from its file
+    if p.scheme == "dirichlet":
+        return f"dirichlet-{p.beta:g}"
+    if p.scheme == "dirichlet_missing":
+        return "dirichlet-classwise"  # the papers do not print its beta
+    if p.scheme == "lda":
+        return f"lda-{p.beta:g}"
+    if p.scheme == "shards":
+        return f"shards-{p.shards_per_client}"
+    return p.scheme  # iid, natural, proportions
+
+
+def run_setup(cfg, centrally: bool) -> dict[str, Any]:
+    """The setup facets of a run config: clients, rounds, local epochs and client sampling; a
+    centralised run is one client trained for rounds x local_epochs epochs (bench/central.py)."""
+    if centrally:
+        return {"clients": 1, "epochs": cfg.fed.rounds * cfg.fed.local_epochs}
+    return {"clients": cfg.partition.num_clients, "rounds": cfg.fed.rounds, "local_epochs": cfg.fed.local_epochs,
+            "sample_ratio": cfg.fed.sample_ratio}
+
+
+def describe_overrides(overrides: dict[str, Any] | None) -> str | None:
+    """``--set KEY=VALUE ...`` of a run's command-line overrides; None when it has none."""
+    if not overrides:
+        return None
+    import json
+
+    return " ".join(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())
+
+
+def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
+                 overrides: dict[str, Any] | None = None, stand_in: str | None = None) -> RowProtocol:
+    """The protocol of a row whose (first) run has config ``cfg``; ``overrides``: the command-line
+    changes of its runs (bench/reporting/table_overrides.py); ``stand_in``: why it is a stand-in."""
     from lightning_modules.base import METHODS
 
     cls = METHODS.get(cfg.method.name)
@@ -131,32 +222,101 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str) -> 
     if rule in NEEDS_VAL and eval_protocol == "per_client":
         raise FedbenchError(f"{where}: round_rule {rule!r} needs validation metrics, which the per-client "
                             "protocol has none of; use final or max-test-bacc.")
-    return RowProtocol(eval_protocol, rule, cfg.method.name)
+    stand_in = stand_in or spec.get("stand_in")
+    partition = None if row.get("partition_independent") else partition_key(cfg)
+    return RowProtocol(eval_protocol, rule, cfg.method.name, run_setup(cfg, cls.runs_centrally), partition,
+                       describe_overrides(overrides), stand_in)
 
 
-def protocol_facets(ours: RowProtocol, paper: dict[str, Any]) -> list[tuple[str, str]]:
+def _value(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def setup_facets(ours: RowProtocol, paper_setup: dict[str, Any]) -> list[Facet]:
+    """Each setup value ``paper_setup`` records that ``ours`` does not share: ("setup", "rounds 20 vs 200")
+    (ours first). The partition is compared only where both have one (not for partition-independent rows,
+    nor the papers' ``none`` / ``average`` columns); "n/a" where our row has no such value (a centralised
+    row has no rounds)."""
+    out = []
+    for key in SETUP_ORDER:
+        if key not in paper_setup:
+            continue
+        want = paper_setup[key]
+        if key == "partition":
+            if ours.partition is None or want in ("none", "average") or ours.partition == want:
+                continue
+            out.append(Facet("setup", f"partition {ours.partition} vs {want}", "setup: partition"))
+            continue
+        have = ours.setup.get(key)
+        if have is None or not math.isclose(float(have), float(want)):
+            out.append(Facet("setup", f"{SETUP_NAMES[key]} {'n/a' if have is None else _value(have)} vs {_value(want)}",
+                             f"setup: {key}"))
+    return out
+
+
+def protocol_facets(ours: RowProtocol, paper: dict[str, Any]) -> list[Facet]:
     """What differs between ``ours`` and ``paper`` (a cell's protocol), as (facet, explanation) pairs;
-    empty when the row measures what the paper did."""
+    empty when the row measures what the paper did, in the paper's setup. An overridden or stand-in row
+    is never comparable: a last facet says why (after whatever else differs, e.g. the rounds an override
+    changed)."""
+    never = []
+    if ours.overridden:
+        never.append(Facet("overridden", f"its runs were changed on the command line ({ours.overridden})"))
+    if ours.stand_in:
+        never.append(Facet("stand-in", f"a stand-in ({ours.stand_in})"))
     if not paper:
-        return [("not recorded", "the paper's protocol is not recorded in results/paper")]
+        return [Facet("not recorded", "the paper's protocol is not recorded in results/paper"), *never]
+    return _measured_facets(ours, paper) + setup_facets(ours, paper.get("setup") or {}) + never
+
+
+def _measured_facets(ours: RowProtocol, paper: dict[str, Any]) -> list[Facet]:
+    """The differences in what is evaluated, at which round, of which model."""
     why = []
     note = f" ({paper['note']})" if paper.get("note") else ""
     p_eval = paper.get("eval", UNKNOWN)
     if p_eval == UNKNOWN:
-        why.append(("evaluation not stated", f"the paper does not state what it evaluates{note}"))
+        why.append(Facet("evaluation not stated", f"the paper does not state what it evaluates{note}"))
     elif p_eval != ours.eval:
-        why.append(("evaluation", f"evaluation (ours: {ours.eval}, paper: {p_eval})"))
+        why.append(Facet("evaluation", f"evaluation (ours: {ours.eval}, paper: {p_eval})"))
     p_round = paper.get("round", UNKNOWN)
     if p_round == UNKNOWN:
-        why.append(("round not stated", "the paper does not state its reporting round"))
+        why.append(Facet("round not stated", "the paper does not state its reporting round"))
     elif p_round not in (ANY, ours.round):
-        why.append(("round", f"round (ours: {ours.round}, paper: {p_round})"))
+        why.append(Facet("round", f"round (ours: {ours.round}, paper: {p_round})"))
     if "model" in paper and ours.method not in paper["model"]:
         what = paper.get("model_note") or ", ".join(paper["model"]) or "another model"
-        why.append(("model", f"model (ours: {ours.method}, paper: {what})"))
+        why.append(Facet("model", f"model (ours: {ours.method}, paper: {what})"))
     return why
 
 
+def describe_facets(facets: list[Facet], short: bool = False) -> str | None:
+    """What the facets say, grouped: "protocol differs: <what>; setup differs: rounds 20 vs 200" or
+    "not comparable: <why>"; ``short`` names the measurement facets without their detail (the rendered
+    paper column: "protocol differs: evaluation, round"). None when there is no difference."""
+    parts = []
+    measured = [f for f in facets if f.facet not in NOT_COMPARABLE and f.facet != "setup"]
+    if measured:
+        parts.append("protocol differs: " + (", ".join(f.facet for f in measured) if short
+                                             else "; ".join(f.text for f in measured)))
+    setup = [f for f in facets if f.facet == "setup"]
+    if setup:
+        parts.append("setup differs: " + ", ".join(f.text for f in setup))
+    never = [f for f in facets if f.facet in NOT_COMPARABLE]
+    if never:
+        parts.append("not comparable: " + "; ".join(f.text for f in never))
+    return "; ".join(parts) or None
+
+
+def difference_text(facets: list[Facet]) -> str | None:
+    """The facets' explanations in one line: the measurement facets' ("evaluation (ours: ..., paper:
+    ...); round (...)"), then "setup differs: rounds 20 vs 200, ...", then "not comparable: <why>" for
+    an overridden or stand-in row. None when there is no difference."""
+    measured = "; ".join(f.text for f in facets if f.facet != "setup" and f.facet not in NOT_COMPARABLE)
+    rest = describe_facets([f for f in facets if f.facet == "setup" or f.facet in NOT_COMPARABLE])
+    return "; ".join(p for p in (measured, rest) if p) or None
+
+
 def protocol_difference(ours: RowProtocol, paper: dict[str, Any]) -> str | None:
-    """None when ``ours`` measures what ``paper`` (a cell's protocol) did; else what differs."""
-    return "; ".join(text for _, text in protocol_facets(ours, paper)) or None
+    """None when ``ours`` measures what ``paper`` (a cell's protocol) did, in its setup; else what
+    differs (difference_text)."""
+    return difference_text(protocol_facets(ours, paper))

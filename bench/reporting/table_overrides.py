@@ -18,6 +18,9 @@ A table run like this is not the config's budget, and nothing mistakes it for on
   ``<table>_<dataset>__set-<hash>``, so they never reuse or overwrite the full-budget records;
   a seed/row subset alone reuses them (those runs are exactly the config's runs);
 - every record of the table carries its overrides (``"overrides"``);
+- every run changed by a budget override is never compared with a paper's number: its paper column says
+  ``not comparable: its runs were changed on the command line (--set fed.rounds=2)``
+  (bench/reporting/protocols.py);
 - the rendered table is written as ``<table>_<dataset>__reduced-<hash>.{md,csv,json}`` and its title
   and notes say what was changed.
 """
@@ -207,6 +210,7 @@ class TableOverrides:
 
         for key in (k for k in self.sets if k.startswith("method.args.")):
             self.applied_to[key] = []
+        budget = self.budget_sets
         for run in runs:
             d = run.cfg.to_dict()
             accepts = method_arg_names(METHODS.get(d["method"]["name"]))
@@ -217,6 +221,8 @@ class TableOverrides:
                         continue
                     if run.label not in self.applied_to[key]:
                         self.applied_to[key].append(run.label)
+                if key in budget:
+                    run.overrides = {**getattr(run, "overrides", {}), key: copy.deepcopy(value)}
                 target = d
                 for part in path:
                     target = target[part]

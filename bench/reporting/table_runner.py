@@ -10,7 +10,8 @@ rows such as Central that do not depend on the partition: run once per seed, sho
 only, and rows sharing a label fill one table row). A run's partition is the base one, then the column's settings, then the row's
 own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
 row can reproduce are left out (reported by ``fedbench coverage``); ``baseline`` names the row every other
-row is paired with over seeds (default: the row labelled FedAvg; bench/reporting/tables.py). Identical runs of different
+row is paired with over seeds (default: the row labelled FedAvg; bench/reporting/tables.py); ``stand_in: <why>``
+marks an offline stand-in for a paper's data, never compared with a paper's number. Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
 
 Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
@@ -54,7 +55,7 @@ from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
-              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline"}
+              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
@@ -73,6 +74,8 @@ class PlannedRun:
     cfg: RunConfig
     columns: list[str]  # ids of the columns this run fills
     row: dict = field(default_factory=dict)  # the row of the table config it comes from
+    # command-line (--set) changes to its budget (bench/reporting/table_overrides.py): never comparable with a paper
+    overrides: dict = field(default_factory=dict)
 
 
 def load_table_config(path: str) -> dict[str, Any]:

@@ -126,11 +126,12 @@ def fmt(cell: dict) -> str:
 
 
 def fmt_paper(cmp: dict, footnote: int | None = None) -> list[str]:
-    """The paper, delta and p-value columns of one cell (one paper); a protocol difference names
-    what differs and points to its footnote."""
+    """The paper, delta and p-value columns of one cell (one paper); a protocol or setup difference
+    names what differs ("protocol differs: round", "setup differs: rounds 20 vs 200", "not comparable:
+    ...") and points to its footnote."""
     if cmp["protocol_differs"] is not None:
         mark = f" [{footnote}]" if footnote is not None else ""
-        return [f"protocol differs: {cmp['protocol_differs_in']}{mark}", "—", "—"]
+        return [f"{cmp['protocol_differs_in']}{mark}", "—", "—"]
     if cmp["paper_mean"] is None:
         return ["n/a", "n/a", "n/a"]
     paper = f"{cmp['paper_mean']:.2f}" + (f" ± {cmp['paper_std']:.2f}" if cmp["paper_std"] is not None else "")
@@ -312,8 +313,10 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
                           if cell["papers"][p]["paper_source"]})
         if sources:
             line += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
-                     "is evaluated, the reporting round, the model) its column says 'protocol differs' and gives "
-                     "no Δ and no p.")
+                     "is evaluated, the reporting round, the model) its column says 'protocol differs', where it "
+                     "trained in another setup (clients, rounds, local epochs, client sampling, partition) 'setup "
+                     "differs: <ours> vs <paper's>', and a row run with --set overrides or standing in for the "
+                     "paper's data says 'not comparable'; none of them gives a Δ or a p.")
         if any(cell["papers"][p].get("protocol_inferred") for cell in cells.values() for p in papers):
             line += (" †: the paper does not state how it measured that row; its protocol is inferred from the "
                      "code it was produced with (see the notes in results/paper).")
@@ -411,7 +414,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         md += ["", "⚠ Runs whose record carries a warning (their numbers are shown but suspect):"]
         md += [f"- {w}" for w in sorted(warned)]
     if footnotes:
-        md += ["", "Protocol differences (ours vs the paper's cell): "
+        md += ["", "Protocol and setup differences (ours vs the paper's cell): "
                + " ".join(f"[{n}] {text}." for text, n in footnotes.items())]
     if spec.get("notes"):
         md += ["", spec["notes"].strip()]
