@@ -199,9 +199,14 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
 
 
 def result_config(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config dict that determines a run's numbers: without the EXECUTION fields."""
+    """The part of a config dict that determines a run's numbers: without the EXECUTION fields, except
+    ``threads`` when it is neither unset nor 1 (torch threads per rank change the last bits of float
+    sums, so a run with 2 threads is not the same result as one with 1; bench/workers.py rank_threads)."""
     out = {}
     for key, value in d.items():
+        if key == "threads" and value not in (None, 1):
+            out[key] = value
+            continue
         if key in execution_keys(RunConfig):
             continue
         if key in OPTION_GROUPS and isinstance(value, dict):

@@ -39,7 +39,7 @@ from bench.partition_plot import plot_partition
 from bench.records import git_commit, package_versions, rank_idle, summarise, write_run_record
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
-from bench.workers import resolve_workers
+from bench.workers import rank_threads, resolve_workers
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
 from datamodules.partition import partition
@@ -322,7 +322,12 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
     the process's threads and CUDA float32 flags are set here."""
     validate_config(cfg)
     if fabric is None:
-        cfg, layout = resolve_workers(cfg, METHODS.get(cfg.method.name).runs_centrally)
+        one_client = METHODS.get(cfg.method.name).runs_centrally
+        cfg, layout = resolve_workers(cfg, one_client)
+        if cfg.threads is None and rank_threads(cfg, one_client) is not None:
+            cfg = copy.deepcopy(cfg)
+            cfg.threads = rank_threads(cfg, one_client)
+            layout += f"; {cfg.threads} torch thread per rank (results do not depend on the rank count; --threads N)"
     else:  # the caller's Fabric decides
         cfg, layout = copy.deepcopy(cfg), "the caller's Fabric"
         cfg.devices = fabric.world_size
@@ -342,6 +347,8 @@ def launch_with_data(cfg: RunConfig, fabric: Fabric | None):
         run_dir = Path(cfg.output_dir) / cfg.experiment
         fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
         fabric.launch()
+        if cfg.threads:  # Fabric's launcher sets cores // ranks threads unless OMP_NUM_THREADS is set
+            torch.set_num_threads(cfg.threads)
         return fabric, dm, part
     with waiting_on(fabric, "rank 0 to load the dataset"), fabric.rank_zero_first():
         dm = setup_datamodule(cfg)

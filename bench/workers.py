@@ -18,8 +18,11 @@ the measurement agrees with ``CPU_LAYOUT``.
   starts the other ranks by re-running the main script, which must be the fedbench command);
 - otherwise ``min(cores // threads, clients per round)`` ranks of ``threads`` threads (1 unless set).
 
-Results do not depend on the layout: rank invariance is exact for equal thread counts per rank; a
-different thread count changes the last bits of float sums (README, "Rank invariance").
+Results do not depend on the layout: rank invariance is exact for equal thread counts per rank, and a
+different thread count changes the last bits of float sums (README, "Rank invariance"). So on a CPU a
+run that trains several clients has one torch thread per rank unless ``threads`` is set, whatever
+its ``devices`` (``rank_threads``): ``--devices 1`` and ``--devices 2`` give the same numbers. A
+thread count other than 1 is part of the run's result identity (bench/config.py, result_config).
 """
 from __future__ import annotations
 
@@ -119,6 +122,17 @@ def auto_layout(cfg: RunConfig, one_client: bool, clients: int, cores: int | Non
     ranks = max(1, min(cores // threads, clients))
     why = f"{ranks} rank(s) x {threads} thread(s): cores as client workers ({cores} cores, {clients} clients per round)"
     return ranks, threads, why
+
+
+def rank_threads(cfg: RunConfig, one_client: bool) -> int | None:
+    """Torch threads per rank: the config's ``threads``; else 1 on a CPU for a run that trains several
+    clients (so that its numbers do not depend on how many ranks share the cores); else None (all
+    cores, Lightning's choice: a GPU run, or a one-client run, which always has one rank)."""
+    if cfg.threads:
+        return cfg.threads
+    if one_client or on_gpu(cfg.accelerator):
+        return None
+    return 1
 
 
 def resolve_workers(cfg: RunConfig, one_client: bool) -> tuple[RunConfig, str]:

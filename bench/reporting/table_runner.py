@@ -360,13 +360,14 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
     --set is named as such: it is the same error in every row."""
     from bench.reporting.table_jobs import table_devices
     from bench.validation import check_writable, validate_config
+    from bench.workers import rank_threads
+    from lightning_modules.base import METHODS
 
     if args.jobs < 1:
         raise FedbenchError(f"--jobs must be >= 1, got {args.jobs}.")
     devices, threads = table_devices(runs, args.devices, spec.get("devices"), args.jobs)
     for r in runs:
         r.cfg.devices = devices
-        r.cfg.threads = r.cfg.threads or threads
         try:
             validate_config(r.cfg)
         except FedbenchError as err:
@@ -374,6 +375,10 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
             if given is not None:
                 raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: --set {given}: {err}") from err
             raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} {run_label(r)}: {err}") from err
+        # several clients on a CPU: 1 thread per rank (bench/workers.py rank_threads); a one-client run keeps
+        # the layout's threads, or under --jobs the worker's share of the cores (unset: not in its identity)
+        r.cfg.threads = rank_threads(r.cfg, METHODS.get(r.cfg.method.name).runs_centrally) or (
+            threads if args.jobs == 1 else None)
     check_shared_records(runs)
     for folder, option in {(r.cfg.output_dir, "--output-dir") for r in runs} | {(args.tables_dir, "--tables-dir")}:
         check_writable(folder, option)
