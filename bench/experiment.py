@@ -187,7 +187,8 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
 def to_device(split: TensorSplit, dm: FederatedDataModule, device, dtype: torch.dtype = torch.float32) -> DeviceData:
     """The split on the device; its batches come out in ``dtype`` (the normalisation tensors' dtype)."""
     mean, std = dm.normalisation(device)
-    return DeviceData(split.images.to(device), split.labels.to(device), mean.to(dtype), std.to(dtype))
+    return DeviceData(split.images.to(device), split.labels.to(device), mean.to(dtype), std.to(dtype),
+                      origin=split.origin)
 
 
 def site_test_splits(train: TensorSplit, test: TensorSplit, num_clients: int) -> list[np.ndarray]:

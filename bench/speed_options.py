@@ -31,4 +31,4 @@ def with_channels_last(data: DeviceData | None, channels_last: bool) -> DeviceDa
     """``data`` whose image batches come out channels-last (features and the default: unchanged)."""
     if data is None or not channels_last or data.images.dim() != 4:
         return data
-    return DeviceData(data.images, data.labels, data.mean, data.std, channels_last=True)
+    return DeviceData(data.images, data.labels, data.mean, data.std, channels_last=True, origin=data.origin)

@@ -13,7 +13,7 @@ from bench.core.registry import Registry
 from datamodules.data_home import HOW_TO_SET, data_home, locate
 from datamodules.fingerprint import tree_fingerprint
 from datamodules.splits import stratified_split, stratified_subset
-from datamodules.tensors import TensorSplit, cached_decode
+from datamodules.tensors import TensorSplit, cached_decode, split_origin
 
 DATASETS: Registry[type[FederatedDataModule]] = Registry("dataset", "datamodules")
 
@@ -166,6 +166,8 @@ class FederatedDataModule(L.LightningDataModule):
         setup); val is carved from train when the data has none."""
         splits = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint,
                                required=("train", "test"), check=self.check_labels)
+        for name, split in splits.items():
+            split.origin = split_origin(self.cache_key(), self.fingerprint, name)
         train = splits["train"]
         val: TensorSplit | None
         if "val" in splits:

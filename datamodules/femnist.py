@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from bench.core.errors import CorruptDataError, DatasetNotFoundError
 from datamodules.base import DATASETS, FederatedDataModule
-from datamodules.tensors import TensorSplit, cached_decode, resize_uint8
+from datamodules.tensors import TensorSplit, cached_decode, resize_uint8, split_origin
 
 MAX_WRITER_SAMPLES = 150  # writers with fewer samples than this are kept
 TRAIN_WRITERS, VAL_WRITERS, TEST_WRITERS = 35, 5, 10
@@ -134,6 +134,7 @@ class FEMNIST(FederatedDataModule):
         """The trial's writers (trial = run seed): train with one group per writer, val and test pooled."""
         pool = cached_decode(self.cache_dir, self.cache_key(), self.decode, self.fingerprint,
                              grouped=("writers",))["writers"]
+        pool.origin = split_origin(self.cache_key(), self.fingerprint, "writers")
         assert pool.groups is not None  # cached_decode decodes again a file whose writers have no ids
         train_w, val_w, test_w = draw_writers(int(pool.groups.max()) + 1, self.run_seed)
 
@@ -142,7 +143,8 @@ class FEMNIST(FederatedDataModule):
             client_of[torch.from_numpy(writers)] = torch.arange(len(writers))
             idx = torch.nonzero(client_of[pool.groups] >= 0).squeeze(1)
             split = pool.subset(idx)
-            return TensorSplit(split.images, split.labels, client_of[split.groups])
+            return TensorSplit(split.images, split.labels, client_of[split.groups], split.origin)
 
         train, val, test = pick(train_w), pick(val_w), pick(test_w)
-        return train, TensorSplit(val.images, val.labels), TensorSplit(test.images, test.labels)
+        return (train, TensorSplit(val.images, val.labels, origin=val.origin),
+                TensorSplit(test.images, test.labels, origin=test.origin))

@@ -20,11 +20,15 @@ class TensorSplit:
     """One split of a dataset, decoded: images uint8 [N, C, H, W], labels int64 [N].
 
     ``groups`` optionally holds a site / centre id per sample (used by the natural partition).
+    ``origin`` names its content without reading it: a digest of the decoded dataset's cache key and
+    source-file fingerprint and the split's name, then of every ``subset`` taken (None: unknown, e.g. a
+    split built in memory). The CLIP feature cache keys by it instead of hashing every image per run.
     """
 
     images: torch.Tensor
     labels: torch.Tensor
     groups: torch.Tensor | None = None
+    origin: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("images", "labels", "groups"):
@@ -47,7 +51,23 @@ class TensorSplit:
     def subset(self, index: torch.Tensor) -> TensorSplit:
         index = torch.as_tensor(index, dtype=torch.long)
         groups = None if self.groups is None else self.groups[index]
-        return TensorSplit(self.images[index], self.labels[index], groups)
+        return TensorSplit(self.images[index], self.labels[index], groups, subset_origin(self.origin, index))
+
+
+def subset_origin(origin: str | None, index: torch.Tensor) -> str | None:
+    """The origin of the rows ``index`` of a split whose origin is ``origin`` (None stays None)."""
+    if origin is None:
+        return None
+    rows = index.detach().to("cpu", torch.int64).contiguous().numpy()
+    return hashlib.sha256(origin.encode() + memoryview(rows).cast("B")).hexdigest()
+
+
+def split_origin(key: str, fingerprint: str, name: str) -> str | None:
+    """The origin of split ``name`` of the dataset decoded under ``key`` from files with ``fingerprint``
+    (None without a fingerprint: then nothing names the content but the content itself)."""
+    if not fingerprint or fingerprint == "-":
+        return None
+    return hashlib.sha256(f"{key}\n{fingerprint}\n{name}".encode()).hexdigest()
 
 
 def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:

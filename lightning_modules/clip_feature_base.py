@@ -139,7 +139,8 @@ class ClipFeatureModule(FederatedModule):
         device = split.images.device
         clip = self.frozen_clip.to(device)
         progress = (not dist.is_initialized() or dist.get_rank() == 0) and len(split.images) > 20000
-        feats = cached_image_features(clip, self.clip_name, split.images, self.feature_cache_dir, progress=progress)
+        feats = cached_image_features(clip, self.clip_name, split.images, self.feature_cache_dir, progress=progress,
+                                      origin=split.origin)
         # in the run's precision (the normalisation's dtype: float32, or float64 under 64-true)
         return DeviceData(feats.to(device, split.mean.dtype), split.labels, split.mean, split.std)
 

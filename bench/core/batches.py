@@ -25,6 +25,7 @@ class DeviceData:
     mean: torch.Tensor  # [1, C, 1, 1]
     std: torch.Tensor
     channels_last: bool = False  # image batches in channels-last memory layout (the run's ``channels_last``)
+    origin: str | None = None  # names the images' content (datamodules/tensors.py TensorSplit.origin)
 
     def to_float(self, index: torch.Tensor | slice, augment: str = "none", gen: torch.Generator | None = None):
         if self.images.dtype != torch.uint8:  # cached features

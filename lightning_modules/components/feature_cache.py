@@ -1,9 +1,12 @@
 """Frozen-encoder features computed once and kept on disk.
 
 Head-only methods (FACMIC, FST-CBDG, CLIP-ZS) never re-run the CLIP encoders per round: they
-read these cached features. A cache file is keyed by the CLIP key, the preprocessing, and a
-SHA-256 of the exact image bytes and shape (or of the prompt list), so a changed dataset or
-model can never be served stale features. Files are written atomically.
+read these cached features. A cache file is keyed by the CLIP key, the preprocessing and the
+images: their ``origin`` (a digest of the decoded dataset's cache key, its source files' names,
+sizes and mtimes, the split and every subset taken; datamodules/tensors.py), so that a run names
+its images without reading them, or, for images of unknown origin, a SHA-256 of their bytes and
+shape; for text, of the prompt list. A changed dataset (files or decoding) or model is never served
+stale features. Files are written atomically.
 """
 
 from __future__ import annotations
@@ -64,14 +67,18 @@ def cached_image_features(
     cache_dir: str,
     batch_size: int = 256,
     progress: bool = True,
+    origin: str | None = None,
 ) -> torch.Tensor:
     """Image features [N, D] (float32, CPU, not normalised) of uint8 images [N, C, H, W].
 
     The first call preprocesses and encodes in batches of ``batch_size`` on the CLIP's device
     (with a tqdm bar when ``progress``) and saves the result; later calls with the same
-    (clip_key, preprocessing, image bytes, shape) load it without touching the encoder.
+    (clip_key, preprocessing, images) load it without touching the encoder. The images are named by
+    ``origin`` (the split's dataset fingerprint and subset, datamodules/tensors.py) when it is given,
+    else by a SHA-256 of their bytes and shape (which reads every image, and copies them off a GPU).
     """
-    key = _key(clip, clip_key, "image", images_digest(images_uint8))
+    content = f"origin:{origin}:{tuple(images_uint8.shape)}" if origin else images_digest(images_uint8)
+    key = _key(clip, clip_key, "image", content)
     path = Path(cache_dir) / f"{_safe(clip_key)}-img-{key[:24]}.pt"
     feats = _load(path, key, len(images_uint8))
     if feats is not None:
