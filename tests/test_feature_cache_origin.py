@@ -47,7 +47,7 @@ def test_splits_are_named_by_their_files_split_and_subset(root, tmp_path):
     assert first.origin == dm.train.subset(torch.arange(5)).origin != other.origin
     assert to_device(dm.test, dm, "cpu").origin == dm.test.origin  # what the CLIP methods receive
 
-    image = sorted(root.rglob("*.png"))[0]
+    image = min(root.rglob("*.png"))
     os.utime(image, (image.stat().st_atime, image.stat().st_mtime + 10))  # a file changed
     changed = folder_dm(root, tmp_path)
     assert not {changed.train.origin, changed.val.origin, changed.test.origin} & set(origins)
