@@ -222,3 +222,19 @@ def test_loop_probe_measures_the_gpu_when_there_is_one(monkeypatch):
         probe_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert probe_device("auto") == "cuda" and probe_device("cpu") == "cpu"
+
+
+# ---- item 11: no host read per step in FACMIC's loss ------------------------------------------------
+def test_facmic_lmmd_reads_nothing_back_from_the_device():
+    """Under fake CUDA tensors an op that must read device data (``.item()``, bincount's output size)
+    raises; FACMIC's LMMD, computed every local step, now runs through: no host sync per step. Its
+    value is unchanged (tests/test_clip_components.py checks it against the per-class formula)."""
+    from lightning_modules.components.clip_losses import lmmd_loss
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        source, target = torch.randn(8, 4, device="cuda"), torch.randn(6, 4, device="cuda")
+        labels = torch.randint(0, 3, (8,), device="cuda")
+        probs = torch.softmax(torch.randn(6, 3, device="cuda"), dim=1)
+        for average in ("present", "all"):
+            loss = lmmd_loss(source, target, labels, probs, 3, class_average=average)
+            assert loss.device.type == "cuda" and loss.shape == ()
