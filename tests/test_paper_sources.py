@@ -177,3 +177,13 @@ def test_the_legend_names_the_inferred_facets_and_links_the_departures(tmp_path)
     assert "(Central: eval, round, hyperparameters; FedAvg: eval, round, hyperparameters; sources in results/paper)" in legend
     assert "docs/departures.md" in legend
     assert "| FedAvg | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 † |" in md
+
+
+def test_every_departure_line_names_its_kind():
+    lines = [line for line in Path("docs/departures.md").read_text().splitlines() if line.startswith("- ")]
+    assert len(lines) >= 40
+    for line in lines:
+        assert any(f"**{kind}**" in line for kind in KINDS), line
+    text = "\n".join(lines)
+    # the two another branch is fixing: FedNPR's folds and its ICH stem
+    assert "`data.fold`" in text and "Conv2d(1, 32)" in text
