@@ -41,7 +41,8 @@ def test_table3_is_covered_on_both_datasets_with_the_papers_protocol(fednpr_cove
     by = {(c["dataset"], c["method"], c["metric"]): c["by"][0] for c in cells}
     assert by[("fed-isic2019", "Local Learning", "balanced_auc")]["config"].endswith("fednpr_isic.yaml")
     assert by[("rsna-ich", "FedAvg", "balanced_accuracy")]["config"].endswith("fednpr_ich.yaml")
-    assert fednpr_coverage["summary"]["fednpr"]["tables"]["3"] == {"covered": 52, "total": 52, "inferred": 0}
+    # every cell is †: the reporting round (best mean per-client bACC) is read from FedNPR's notebooks
+    assert fednpr_coverage["summary"]["fednpr"]["tables"]["3"] == {"covered": 52, "total": 52, "inferred": 52}
 
 
 def test_every_published_fednpr_cell_is_covered(fednpr_coverage):

@@ -12,7 +12,9 @@ is exactly what the rendered tables show), or ``uncovered: <reason>``:
     partition, the metric is not in the config, no row names the method, or rows name it but look up
     another table or setting.
 Then a per-paper, per-table summary X/Y, and how many uncovered cells differ by which facet (a cell
-counts once per facet of the row closest to the paper's protocol). ``--json`` prints all of it as JSON.
+counts once per facet of the row closest to the paper's protocol), and per protocol facet how many published
+cells have it stated in the paper, read from code or chosen by us (bench/reporting/paper_sources.py).
+``--json`` prints all of it as JSON.
 
     fedbench coverage [--paper fedbm --paper fedcb] [--json] [--uncovered-only]
 """
@@ -38,6 +40,7 @@ from bench.reporting.paper_compare import (
     table_lookups,
 )
 from bench.reporting.paper_numbers import load_paper_numbers
+from bench.reporting.paper_sources import FACETS, KINDS, source_kinds
 from bench.reporting.table_runner import load_table_config, plan_runs
 
 CELL_ID = ("paper", "table", "dataset", "partition", "method", "metric", "setting")
@@ -176,7 +179,17 @@ def coverage(config_dir: str = "configs/tables", papers_root: str = "results/pap
             bucket["covered"] += e["covered"]
             bucket["inferred"] += e["protocol_inferred"]
     return {"configs": [str(p) for p in configs], "errors": errors, "summary": summary,
-            "differs_by": dict(sorted(facets.items(), key=lambda kv: (-kv[1], kv[0]))), "cells": out_cells}
+            "differs_by": dict(sorted(facets.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "sources": count_sources(wanted), "cells": out_cells}
+
+
+def count_sources(cells: list[dict]) -> dict[str, dict[str, int]]:
+    """facet -> {kind: published cells whose protocol has that facet from that kind of source}."""
+    out: dict[str, dict[str, int]] = {}
+    for cell in cells:
+        for facet, kind in source_kinds(cell).items():
+            out.setdefault(facet, dict.fromkeys(KINDS, 0))[kind] += 1
+    return {f: out[f] for f in FACETS if f in out}
 
 
 def pct(covered: int, total: int) -> str:
@@ -199,8 +212,8 @@ def format_report(result: dict[str, Any], uncovered_only: bool = False) -> str:
             lines.append(f"{what}: {Path(b['config']).name} row {b['row']!r} column {b['column']}{more}{inferred}")
         else:
             lines.append(f"{what}: uncovered: {e['reason']}")
-    lines += ["", ("Coverage (published cells with our number beside them, measured the same way; "
-                   "'inferred': the paper's protocol for those cells is inferred from its code, not stated):")]
+    lines += ["", ("Coverage (published cells with our number beside them, measured the same way; 'inferred' (†): "
+                   "a facet of the paper's protocol for those cells is read from code or chosen by us, not stated):")]
     total_c = total_n = total_i = 0
     for paper, s in result["summary"].items():
         lines.append(f"  {PAPER_NAMES.get(paper, paper)}: {pct(s['covered'], s['total'])}"
@@ -214,6 +227,10 @@ def format_report(result: dict[str, Any], uncovered_only: bool = False) -> str:
     lines += ["", (f"Not comparable although a row finds the cell: {differing} cells; by facet (a cell counts once "
                    "per facet it differs in; 'setup: ...' = clients, rounds, local epochs, client sampling, partition):")]
     lines += [f"  {kind}: {n}" for kind, n in result["differs_by"].items()] or ["  none"]
+    lines += ["", ("Where the papers' protocol facets come from (published cells per facet: stated in the paper / "
+                   "read from its public code / chosen by us; docs/departures.md):")]
+    lines += [f"  {facet}: " + ", ".join(f"{kind} {n}" for kind, n in kinds.items())
+              for facet, kinds in result["sources"].items()] or ["  no sources recorded"]
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ from scipy import stats
 from bench.core.errors import FedbenchError
 from bench.reporting.columns import Column
 from bench.reporting.paper_numbers import load_paper_numbers
+from bench.reporting.paper_sources import inferred_facets, source_kinds
 from bench.reporting.protocols import (
     RowProtocol,
     describe_facets,
@@ -230,15 +231,17 @@ def welch_p(mean1: float, std1: float, n1: int, mean2: float, std2: float, n2: i
 
 
 def compare(cell: dict, match: Match | None) -> dict:
-    """Paper mean/std/source, delta = ours - paper, Welch p (None where not computable), and the
-    protocol difference that withholds them."""
+    """Paper mean/std/source, delta = ours - paper, Welch p (None where not computable), the
+    protocol difference that withholds them, and where the compared cell's protocol facets come from
+    (``paper_sources``: facet -> stated / code / ours; ``protocol_inferred`` when one is not stated)."""
     if match is None or match.cell is None:
         return {"paper_mean": None, "paper_std": None, "paper_source": None, "delta": None, "p_value": None,
-                "protocol_differs": None, "protocol_differs_in": None, "protocol_inferred": False}
+                "protocol_differs": None, "protocol_differs_in": None, "protocol_inferred": False,
+                "paper_sources": None}
     if match.differs is not None:
         return {"paper_mean": None, "paper_std": None, "paper_source": match.source, "delta": None,
                 "p_value": None, "protocol_differs": match.differs, "protocol_differs_in": match.facets,
-                "protocol_inferred": False}
+                "protocol_inferred": False, "paper_sources": None}
     paper = match.cell
     ours = cell["mean"]
     delta = None if ours is None else ours - paper["mean"]
@@ -248,4 +251,4 @@ def compare(cell: dict, match: Match | None) -> dict:
                     PAPER_RUNS.get(match.paper, DEFAULT_PAPER_RUNS))
     return {"paper_mean": paper["mean"], "paper_std": paper.get("std"), "paper_source": match.source,
             "delta": delta, "p_value": p, "protocol_differs": None, "protocol_differs_in": None,
-            "protocol_inferred": bool((paper.get("protocol") or {}).get("inferred"))}
+            "protocol_inferred": bool(inferred_facets(paper)), "paper_sources": source_kinds(paper) or None}

@@ -32,9 +32,8 @@ model (papers only, optional): the methods of ours that train the paper's model 
 ``["central"]`` for FedBM's Central Learning; an empty list when we have none (FACMIC's Centralized
 fine-tunes the whole CLIP on pooled data).
 
-setup (the whole training setup; a paper's is ``protocol.setup`` with ``setup_source`` saying where each
-value is stated, and ``setup_inferred`` the values read from code or inferred; values may be given per
-dataset):
+setup (the whole training setup; a paper's is ``protocol.setup`` with ``setup_source`` quoting where it is
+stated; values may be given per dataset):
     clients       the number of clients (1 for a centralised model)
     rounds        communication rounds
     local_epochs  local epochs per round
@@ -51,6 +50,8 @@ it is set beside, or its table config says ``stand_in``): its paper column says 
 
 A paper's protocol is per table in results/paper/<paper>.json (``protocol``), with per-method
 exceptions (``method_protocols``); ``bench.reporting.paper_numbers`` attaches the merged one to each cell.
+Each facet of a paper's protocol says where it comes from (``sources``: stated in the paper, read from its
+code, or ours; bench/reporting/paper_sources.py); a cell with a facet that is not stated is printed †.
 """
 from __future__ import annotations
 

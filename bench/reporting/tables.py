@@ -34,6 +34,7 @@ from bench.reporting.paper_compare import (
     paper_names,
     row_protocols,
 )
+from bench.reporting.paper_sources import FACETS, inferred_facets
 from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
@@ -317,10 +318,14 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
                      "trained in another setup (clients, rounds, local epochs, client sampling, partition) 'setup "
                      "differs: <ours> vs <paper's>', and a row run with --set overrides or standing in for the "
                      "paper's data says 'not comparable'; none of them gives a Δ or a p.")
-        if any(cell["papers"][p].get("protocol_inferred") for cell in cells.values() for p in papers):
-            line += (" †: the paper does not state how it measured that row; its protocol is inferred from the "
-                     "code it was produced with (see the notes in results/paper).")
-        lines.append(line)
+        inferred: dict[str, set[str]] = {}  # row -> the paper's facets for it that are not stated
+        for (label, _, _), cell in cells.items():
+            inferred.setdefault(label, set()).update(f for p in papers for f in inferred_facets(cell["papers"][p]))
+        named = "; ".join(f"{lab}: {', '.join(f for f in FACETS if f in fs)}" for lab, fs in inferred.items() if fs)
+        if named:
+            line += (" †: the paper does not state every facet of how it measured that row; these are read from "
+                     f"its public code or chosen by us ({named}; sources in results/paper).")
+        lines.append(line + " Every known departure from the papers, with its reason: docs/departures.md.")
     elif papers:
         lines.append(f"No paper ({shown}) has a number for these cells: the paper columns are left out.")
     if any(c.derived for c in columns):
