@@ -18,6 +18,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger
 
 from bench.central import as_one_client
+from bench.cluster import fabric_layout
 from bench.code_version import code_version
 from bench.config import PRECISION_DTYPES, RunConfig
 from bench.core.allocator import allocator_status, apply_allocator_policy
@@ -39,7 +40,7 @@ from bench.partition_plot import plot_partition
 from bench.records import git_commit, package_versions, rank_idle, summarise, write_run_record
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
-from bench.workers import rank_threads, resolve_workers
+from bench.workers import rank_threads, resolve_workers, visible_gpus
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
 from datamodules.partition import partition
@@ -69,16 +70,18 @@ class RunObserver:
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     """Fabric on cfg.devices ranks per node (resolved to an int, bench/workers.py) x cfg.num_nodes nodes.
     Under torchrun or SLURM, Fabric takes the ranks from the launcher's environment
-    (TorchElasticEnvironment / SLURMEnvironment) and starts no process."""
+    (TorchElasticEnvironment / SLURMEnvironment; one device per task when each SLURM task sees only
+    its own GPU, bench/cluster.py) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
         nccl_error_handling()
     strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if ranks > 1 else "auto"
+    layout = fabric_layout(cfg.devices, cfg.num_nodes, len(visible_gpus(cfg.accelerator)))
     try:
-        return Fabric(accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy,
-                      precision=cfg.precision, loggers=loggers)
+        return Fabric(accelerator=cfg.accelerator, devices=layout.devices, num_nodes=layout.num_nodes,
+                      strategy=strategy, precision=cfg.precision, loggers=loggers, plugins=layout.plugins or None)
     except (ValueError, RuntimeError) as err:  # what validate_config cannot foresee (e.g. a busy device)
         raise FedbenchError(f"Fabric refused accelerator={cfg.accelerator!r}, devices={cfg.devices}, "
                             f"num_nodes={cfg.num_nodes}, precision={cfg.precision!r}: {err}") from err
