@@ -238,3 +238,22 @@ def test_facmic_lmmd_reads_nothing_back_from_the_device():
         for average in ("present", "all"):
             loss = lmmd_loss(source, target, labels, probs, 3, class_average=average)
             assert loss.device.type == "cuda" and loss.shape == ()
+
+
+def test_fedbm_concept_sampling_reads_nothing_back_on_a_gpu():
+    """FedBM draws its synthetic features every local step. On a CUDA device they come from one batched
+    product (no per-class unique() and boolean masks, each a host read); that product equals the CPU's
+    per-class form to float rounding."""
+    from lightning_modules.components.concept_distributions import ConceptDistribution
+
+    g = torch.Generator().manual_seed(0)
+    dist = ConceptDistribution.from_embeddings(torch.randn(4, 6, 8, generator=g).double())
+    labels = torch.tensor([3, 0, 0, 2, 3, 3, 1])
+    per_class = dist.sample(labels, torch.Generator().manual_seed(1))
+    noise = torch.randn(len(labels), dist.dim, generator=torch.Generator().manual_seed(1), dtype=dist.mu.dtype)
+    batched = dist.mu[labels] + torch.bmm(dist.chol[labels], noise.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(per_class, batched, rtol=0, atol=1e-12)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on_gpu = dist.to("cuda")
+        z = on_gpu.sample(labels.to("cuda"), torch.Generator().manual_seed(1))
+        assert z.device.type == "cuda" and z.shape == (7, 8)
