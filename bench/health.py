@@ -61,9 +61,12 @@ def collapse_note(record: dict, entry: dict | None) -> str | None:
     start = collapse_at(record, entry)
     if start is None:
         return None
-    since = "" if start == entry["round"] else " (one class at every evaluated round since)"
+    first = min(h["round"] for h in record["history"] if (h.get("metrics") or {}).get("test/predicted_classes"))
+    since = ("" if start == entry["round"] else " (one class at every evaluated round since"
+             + (", the first: it never predicted more than one)" if start == first else ")"))
     return (f"the global model {COLLAPSE_MARK} at round {entry['round']}, the round printed: collapsed at round "
-            f"{start}{since}; its metrics are chance level (lr too high or training diverged).")
+            f"{start}{since}; its metrics are chance level (lr too high, training diverged, or a constant start "
+            "it never left).")
 
 
 def collapse_warnings(record: dict, trains: bool = True) -> list[str]:
