@@ -1,11 +1,12 @@
 """What keeps a table, above all an offline stand-in, from reading like a finding it is not (issue 28.4).
 
 Per cell (bench/reporting/tables.py prints them beside the number):
-    at chance      an accuracy-like metric (CHANCE_METRICS) whose interval mean ± (std + 1.96·SE₀)
-                   reaches chance, 100/K for K classes; SE₀ = 100·sqrt(c(1 − c)/n) is the standard error
-                   of a chance-level accuracy c on the n test images (global-model rows; the seed-to-seed
-                   std alone for the others, whose test splits differ per client). "below chance" when
-                   the whole interval lies below it.
+    at chance      an accuracy-like metric (CHANCE_METRICS) of a row scored on the global test set
+                   (global-model and client-mean rows; a per-client row's own test split may lack classes,
+                   so its chance level is not 100/K) whose interval mean ± (std + 1.96·SE₀) reaches
+                   chance, 100/K for K classes; SE₀ = 100·sqrt(c(1 − c)/n) is the standard error of a
+                   chance-level accuracy c on the n test images. "below chance" when the whole interval
+                   lies below it.
     collapsed      a run whose trained global model predicts one class for every test image at the round
                    the table prints, with the round it collapsed at (bench/health.py); a method that does
                    not train (zero-shot CLIP) never is.
@@ -21,6 +22,7 @@ from bench.reporting.protocols import RowProtocol, select_round
 from bench.reporting.uncertainty import binomial_se
 
 CHANCE_METRICS = ("accuracy", "balanced_accuracy")  # chance 100/K; F1, precision and AUC are not marked
+ON_GLOBAL_TEST = ("global", "local_mean")  # the evaluations scored on the global test set (all K classes)
 Z95 = 1.96
 
 
@@ -80,9 +82,10 @@ def mark_cells(cells: dict, protocols: dict[str, RowProtocol], records: list[dic
     (False for a cell at or below chance, with a collapsed seed or with a single seed)."""
     k, n_test = table_classes(records), table_test_size(records)
     for (label, _, metric), cell in cells.items():
-        cell["chance"] = 100.0 / k if k is not None and metric in CHANCE_METRICS else None
-        n = (cell.get("n_test") or n_test) if protocols[label].eval == "global" else None
-        marks = [chance_mark(cell, metric, k, n), collapse_mark(cell)]
+        on_global = protocols[label].eval in ON_GLOBAL_TEST
+        cell["chance"] = 100.0 / k if k is not None and metric in CHANCE_METRICS and on_global else None
+        marks = [chance_mark(cell, metric, k, cell.get("n_test") or n_test) if on_global else None,
+                 collapse_mark(cell)]
         cell["marks"] = [m for m in marks if m]
         cell["bold_ok"] = not cell["marks"] and len(cell["values"]) >= 2
 
@@ -90,7 +93,8 @@ def mark_cells(cells: dict, protocols: dict[str, RowProtocol], records: list[dic
 def balanced_test_note(records: list[dict]) -> str | None:
     """The legend's note when the global test set is class-balanced, so that Acc equals balanced Acc:
     from the records' per-class test counts, or (records written before they kept them) from Acc ==
-    bAcc at every evaluated round of every global-model run."""
+    bAcc at every evaluated round of every global-model run. ``records``: those of the rows scored on
+    the global test set (none: no note)."""
     if not records:
         return None
     counts = [r.get("test_class_counts") for r in records]
@@ -98,7 +102,7 @@ def balanced_test_note(records: list[dict]) -> str | None:
         if any(len(set(c)) != 1 for c in counts) or len({c[0] for c in counts}) != 1:
             return None
         return (f"The global test set is class-balanced ({counts[0][0]} images in each of its {len(counts[0])} "
-                "classes), so for global-model rows accuracy equals balanced accuracy (Acc = bAcc).")
+                "classes), so on it accuracy equals balanced accuracy (Acc = bAcc).")
     pairs = [(m["test/accuracy"], m["test/balanced_accuracy"]) for r in records if r.get("protocol") == "global"
              for m in (h.get("metrics") or {} for h in r.get("history") or [])
              if "test/accuracy" in m and "test/balanced_accuracy" in m]
@@ -115,9 +119,9 @@ def chance_legend(cells: dict) -> list[str]:
     if chances:
         lines.append(f"at chance: an Acc or bAcc cell whose interval mean ± (std + 1.96·SE₀) reaches chance, "
                      f"100/K = {', '.join(f'{c:.2f}' for c in chances)}%, where SE₀ = 100·sqrt(c(1 − c)/n) is the "
-                     "test-set standard error of a chance-level accuracy c on the n test images (global-model "
-                     "rows; the std alone for the others); below chance: the whole interval lies below it. "
-                     "Neither is ever bold.")
+                     "test-set standard error of a chance-level accuracy c on the n test images; below chance: "
+                     "the whole interval lies below it. Neither is ever bold. Only rows scored on the global test "
+                     "set are marked (a client's own test split may lack classes: its chance is not 100/K).")
     if any(c.get("collapsed") for c in cells.values()):
         lines.append("collapsed at round r: the trained global model predicts one class for every test image "
                      "at the round printed, as at every evaluated round since round r (its numbers are chance "

@@ -27,7 +27,13 @@ from typing import Any
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
 from bench.records import find_record, load_record
-from bench.reporting.cell_marks import balanced_test_note, chance_legend, mark_cells, run_health
+from bench.reporting.cell_marks import (
+    ON_GLOBAL_TEST,
+    balanced_test_note,
+    chance_legend,
+    mark_cells,
+    run_health,
+)
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
     PAPER_NAMES,
@@ -311,7 +317,8 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
                  + ", and every such row whose mean ± std overlaps it (mean + std ≥ best mean − best std); never a "
                  "cell at or below chance, with a collapsed run or from one seed.")
     lines += chance_legend(cells)
-    balanced = balanced_test_note(list((records or {}).values()))
+    balanced = balanced_test_note([rec for r in runs if protocols[r.label].eval in ON_GLOBAL_TEST
+                                   for rec in [(records or {}).get(id(r))] if rec is not None])
     if balanced:
         lines.append(balanced)
     ses = [c["test_se"] for c in cells.values() if c.get("test_se") is not None]
