@@ -429,6 +429,8 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
         **({"prompts": module.prompt_info} if module.prompt_info is not None else {}),
         "partition": {**run.part.to_json(), "counts": counts.tolist()},
         "splits": {"train": len(dm.train), "val": 0 if dm.val is None else len(dm.val), "test": len(dm.test)},
+        # per class, the global test set's images: Acc equals balanced Acc when they are all equal
+        "test_class_counts": torch.bincount(dm.test.labels.long(), minlength=dm.num_classes).tolist(),
         "bytes_per_client_round": per_client,
         "history": history, **summarise(history, protocol),
         "wall_seconds": fed.checkpointer.elapsed() if fed is not None else time.time() - started,
@@ -440,7 +442,7 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
         record["resumed"] = resumed
         if resumed.get("forced_differences"):
             record["resumed_with_force"] = resumed["forced_differences"]
-    record["warnings"] = run.idle + collapse_warnings(record)
+    record["warnings"] = run.idle + collapse_warnings(record, getattr(module, "trains", True))
     return record
 
 

@@ -25,16 +25,61 @@ def check_finite_state(state: dict[str, torch.Tensor], where: str, hint: str) ->
     raise NonFiniteStateError(f"The model became NaN/inf {where} ({shown}) although the loss stayed finite. {hint}")
 
 
-def collapse_warnings(record: dict) -> list[str]:
-    """Warnings for a global-protocol record whose model predicts one class on the test set at the
-    reported (best-validation) round or at the final round."""
-    if record.get("protocol") != "global":
+COLLAPSE_MARK = "predicts a single class for every test image"  # in every collapse note and warning
+
+
+def method_trains(name: str) -> bool:
+    """Whether method ``name`` trains anything: False for a class with ``trains = False`` (zero-shot CLIP,
+    whose constant prediction is its zero-shot answer, not a collapse)."""
+    from lightning_modules.base import METHODS
+
+    return bool(getattr(METHODS.get(name), "trains", True))
+
+
+def single_class(entry: dict) -> bool:
+    return (entry.get("metrics") or {}).get("test/predicted_classes") == 1
+
+
+def collapse_at(record: dict, entry: dict | None) -> int | None:
+    """The round a trained global-model run collapsed at, seen from history ``entry`` (the round a table
+    prints): the first round of the unbroken stretch of single-class rounds that ends at ``entry``; None
+    when the model predicts more than one class there, does not train, or is not a global-model run."""
+    if entry is None or not single_class(entry) or record.get("protocol") != "global" \
+            or record.get("num_classes", 0) < 2 or not method_trains(record["method"]):
+        return None
+    evaluated = [h for h in record.get("history") or [] if (h.get("metrics") or {}).get("test/predicted_classes")]
+    start = entry["round"]
+    for h in reversed([h for h in evaluated if h["round"] <= entry["round"]]):
+        if not single_class(h):
+            break
+        start = h["round"]
+    return start
+
+
+def collapse_note(record: dict, entry: dict | None) -> str | None:
+    """The health note of a collapsed run at the printed round ``entry`` (None when it has not collapsed)."""
+    start = collapse_at(record, entry)
+    if start is None:
+        return None
+    first = min(h["round"] for h in record["history"] if (h.get("metrics") or {}).get("test/predicted_classes"))
+    since = ("" if start == entry["round"] else " (one class at every evaluated round since"
+             + (", the first: it never predicted more than one)" if start == first else ")"))
+    return (f"the global model {COLLAPSE_MARK} at round {entry['round']}, the round printed: collapsed at round "
+            f"{start}{since}; its metrics are chance level (lr too high, training diverged, or a constant start "
+            "it never left).")
+
+
+def collapse_warnings(record: dict, trains: bool = True) -> list[str]:
+    """Warnings for a trained global-protocol record whose model predicts one class on the test set at
+    the best-validation round or at the final round (stored in the record; a table recomputes them at
+    the round it prints, collapse_note). ``trains`` False (zero-shot CLIP): none."""
+    if record.get("protocol") != "global" or not trains:
         return []
     out = []
     for which in ("best", "final"):
         if (record.get(which) or {}).get("test/predicted_classes") == 1 and record.get("num_classes", 0) > 1:
             rnd = record.get("best_round") if which == "best" else record["history"][-1]["round"]
-            out.append(f"the global model predicts a single class for every test image at the {which} round "
+            out.append(f"the global model {COLLAPSE_MARK} at the {which} round "
                        f"({rnd}): training collapsed (lr too high or diverged); its metrics are chance level.")
             break
     return out

@@ -11,7 +11,8 @@ only, and rows sharing a label fill one table row). A run's partition is the bas
 own ``partition``. ``uncovered: [{paper, table, ..., reason}]`` says why published cells that no
 row can reproduce are left out (reported by ``fedbench coverage``); ``baseline`` names the row every other
 row is paired with over seeds (default: the row labelled FedAvg; bench/reporting/tables.py); ``stand_in: <why>``
-marks an offline stand-in for a paper's data, never compared with a paper's number. Identical runs of different
+marks an offline stand-in for a paper's data, never compared with a paper's number; ``cannot_show: <what>`` says,
+under the table's title, which effect the stand-in cannot show (a random-weight CLIP: no zero-shot to refine). Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
 
 Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
@@ -55,7 +56,8 @@ from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
-              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in"}
+              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",
+              "cannot_show"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}

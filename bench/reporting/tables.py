@@ -5,8 +5,10 @@ difference and a Welch p-value; missing stays missing; PNG figures alongside.
 What a reader can trust (bench/reporting/uncertainty.py): every row runs on the same partition per seed,
 so the paired difference to FedAvg removes the partition's share of the seed-to-seed spread; the notes give
 the test-set standard error of one run's accuracy; per column the best global-model federated row is in
-bold with every row whose mean +- std overlaps it. Paper columns that would print only "n/a" (no paper has
-a number there) are left out of the Markdown (the CSV and JSON keep every field).
+bold with every row whose mean +- std overlaps it, never a cell at or below chance, collapsed or from one
+seed (bench/reporting/cell_marks.py marks those cells, and says when the test set is class-balanced).
+Paper columns that would print only "n/a" (no paper has a number there) are left out of the Markdown (the
+CSV and JSON keep every field).
 
 Ours is the test metric at the round the row's round rule picks (bench/reporting/protocols.py), computed from
 each record's per-round history. A paper's number is shown only where the row was measured as the
@@ -25,6 +27,13 @@ from typing import Any
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
 from bench.records import find_record, load_record
+from bench.reporting.cell_marks import (
+    ON_GLOBAL_TEST,
+    balanced_test_note,
+    chance_legend,
+    mark_cells,
+    run_health,
+)
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
     PAPER_NAMES,
@@ -46,7 +55,7 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)  # one seed: no spread
 
 
 def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Column],
@@ -58,6 +67,7 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
     for run in runs:
         rec = records.get(id(run))
         rule = protocols[run.label].round
+        notes, collapsed = run_health(rec, rule) if rec is not None else ([], None)
         for col_id in run.columns:
             for metric in metrics:
                 cell = cells.setdefault((run.label, col_id, metric), {"values": [], "seeds": [], "expected": 0})
@@ -70,8 +80,9 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                     if metric == "accuracy" and n_test:
                         cell.setdefault("test_se_values", []).append(binomial_se(value, int(n_test)))
                         cell["n_test"] = int(n_test)
-                    cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}"
-                                                                  for w in rec.get("warnings", [])]
+                    cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}" for w in notes]
+                    if collapsed is not None:
+                        cell.setdefault("collapsed", []).append([run.seed, collapsed])
     ran = [c.id for c in columns if not c.derived]
     for derived in (c for c in columns if c.derived):
         for label in dict.fromkeys(r.label for r in runs):
@@ -118,11 +129,13 @@ def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[s
 def fmt(cell: dict) -> str:
     if cell["mean"] is None:
         return f"missing (0/{cell['expected']} seeds)"
-    text = f"{cell['mean']:.2f} ± {cell['std']:.2f}"
+    text = f"{cell['mean']:.2f}" + ("" if cell["std"] is None else f" ± {cell['std']:.2f}")
     if len(cell["values"]) < cell["expected"]:
         text += f" ({len(cell['values'])}/{cell['expected']} seeds)"
     if cell.get("warnings"):
         text += " ⚠"
+    if cell.get("marks"):
+        text += f" ({'; '.join(cell['marks'])})"
     return text
 
 
@@ -242,10 +255,12 @@ def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labe
             cell["paired_note"] = None if diff else "no seed shared with the baseline"
     for col in columns:
         for metric in metrics:
-            candidates = [lab for lab in labels if protocols[lab].eval == ref and lab not in independent]
-            shown = {lab: (cells[(lab, col.id, metric)]["mean"], cells[(lab, col.id, metric)]["std"])
-                     for lab in candidates if cells[(lab, col.id, metric)]["mean"] is not None}
-            best = best_with_ties(shown) if len(shown) >= 2 else set()
+            candidates = [cells[(lab, col.id, metric)] | {"label": lab} for lab in labels
+                          if protocols[lab].eval == ref and lab not in independent]
+            shown = [c for c in candidates if c["mean"] is not None]
+            # at or below chance, collapsed or one seed: never best (cell_marks.py)
+            best = best_with_ties({c["label"]: (c["mean"], c["std"]) for c in shown if c.get("bold_ok", True)}
+                                  ) if len(shown) >= 2 else set()
             for lab in labels:
                 cells[(lab, col.id, metric)]["best"] = lab in best
 
@@ -281,8 +296,9 @@ EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean"
 
 
 def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
-                 baseline: str | None, paper_shown: bool, columns: list[Column], runs: list) -> list[str]:
-    """The table's legend, one Markdown bullet per kind of column."""
+                 baseline: str | None, paper_shown: bool, columns: list[Column], runs: list,
+                 records: dict[int, dict] | None = None) -> list[str]:
+    """The table's legend, one Markdown bullet per kind of column and mark."""
     shown = ", ".join(papers) or "none"
     lines = [(f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
              f"{protocol_note(labels, protocols, spec.get('round_rule'))}")]
@@ -299,7 +315,13 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
     independent = list(dict.fromkeys(r.label for r in runs if r.row.get("partition_independent")))
     lines.append(f"Bold: per column, the best mean of the {EVAL_NAMES[ref]} rows"
                  + (f" (not {', '.join(independent)}, a reference)" if independent else "")
-                 + ", and every such row whose mean ± std overlaps it (mean + std ≥ best mean − best std).")
+                 + ", and every such row whose mean ± std overlaps it (mean + std ≥ best mean − best std); never a "
+                 "cell at or below chance, with a collapsed run or from one seed.")
+    lines += chance_legend(cells)
+    balanced = balanced_test_note([rec for r in runs if protocols[r.label].eval in ON_GLOBAL_TEST
+                                   for rec in [(records or {}).get(id(r))] if rec is not None])
+    if balanced:
+        lines.append(balanced)
     ses = [c["test_se"] for c in cells.values() if c.get("test_se") is not None]
     n_test = sorted({c["n_test"] for c in cells.values() if c.get("test_se") is not None and c.get("n_test")})
     if ses:
@@ -334,6 +356,16 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
     return [f"- {line}" for line in lines]
 
 
+def warning_lines(cells: dict, by_id: dict[str, Column]) -> list[str]:
+    """The ⚠ list under the table: each run's health notes, at the round its row prints."""
+    warned = {f"{label} {by_id[col_id].label}: {w}" for (label, col_id, _), cell in cells.items()
+              if not by_id[col_id].derived for w in cell.get("warnings", [])}
+    if not warned:
+        return []
+    return ["", "⚠ Runs with a health note, at the round the table prints (their numbers are shown but suspect):",
+            *(f"- {w}" for w in sorted(warned))]
+
+
 def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
                  name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
@@ -347,6 +379,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     baseline = baseline_label(spec, runs)
     records = load_records(runs)
     cells = collect(spec, runs, records, columns, protocols)
+    mark_cells(cells, protocols, list(records.values()))
     matches = match_table(spec, runs, columns, load_cells(spec, papers_root))
     papers = paper_names(spec)
     # one column group per paper with a cell in this table; one plain "paper" group when none has
@@ -400,24 +433,21 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
 
     title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
                                                                       if reduced else "")
-    md = [f"# {title}", ""]
+    md = [f"# {title}", "", *([f"**What this stand-in cannot show:** {spec['cannot_show'].strip()}", ""]
+                              if spec.get("cannot_show") else [])]
     if changes:
         md += [*changes, ""]
     if some is not None:
         md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
     paper_shown = any(shown for _, _, shown in layout)
-    legend = legend_lines(spec, labels, protocols, cells, papers, baseline, paper_shown, columns, runs)
+    legend = legend_lines(spec, labels, protocols, cells, papers, baseline, paper_shown, columns, runs, records)
     legend += [f"- {label}: per seed, the mean of rows {', '.join(sources)}."
                for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
     md += [*dict.fromkeys(legend), ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(row) + " |" for row in rows]
     by_id = {c.id: c for c in columns}
-    warned = {f"{label} {by_id[col_id].label}: {w}" for (label, col_id, _), cell in cells.items()
-              if not by_id[col_id].derived for w in cell.get("warnings", [])}
-    if warned:
-        md += ["", "⚠ Runs whose record carries a warning (their numbers are shown but suspect):"]
-        md += [f"- {w}" for w in sorted(warned)]
+    md += warning_lines(cells, by_id)
     if footnotes:
         md += ["", "Protocol and setup differences (ours vs the paper's cell): "
                + " ".join(f"[{n}] {text}." for text, n in footnotes.items())]
