@@ -140,7 +140,8 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file)
+                               val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file,
+                               fold=d.fold, folds=d.folds)
 
 
 def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -245,7 +246,8 @@ def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
     parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
-    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
+    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else [])
+                     + ([d.fold, d.folds] if d.fold is not None else []))
     name = cfg.run_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")

@@ -195,6 +195,28 @@ def check_protocol(cfg: RunConfig) -> None:
                                 "partition.scheme natural, or fed.client_test carved.")
 
 
+# ---- data.fold -------------------------------------------------------------------------------
+def check_folds(cfg: RunConfig) -> None:
+    """K-fold cross-validation: K >= 2, the fold in 0..K-1, a dataset that may be re-split (no fixed official
+    test split, or one a paper cross-validates: datamodules/base.py ``cross_validation``), and the run's own
+    test split (not another dataset's)."""
+    d = cfg.data
+    if d.fold is None:
+        if d.folds != 5:
+            raise FedbenchError(f"data.folds {d.folds} is set but data.fold is not: name the fold to test on "
+                                f"(--data.fold 0..{d.folds - 1}), or drop data.folds.")
+        return
+    require(d.folds >= 2, "data.folds", ">= 2 (K-fold cross-validation)", d.folds)
+    require(0 <= d.fold < d.folds, "data.fold", f"in 0..{d.folds - 1} (the fold tested, of data.folds {d.folds})",
+            d.fold)
+    if DATASETS.get(d.name).cross_validation is None:
+        raise FedbenchError(f"data.fold: dataset {d.name!r} has a fixed official test split, which K-fold "
+                            "cross-validation would replace (no paper does that for it); leave data.fold unset.")
+    if d.test_dataset is not None:
+        raise FedbenchError(f"data.fold cross-validates the run's own dataset, but data.test_dataset "
+                            f"{d.test_dataset!r} tests on another one: use one or the other.")
+
+
 # ---- ranges --------------------------------------------------------------------------------------
 def require(ok: bool, option: str, rule: str, value: Any) -> None:
     if not ok:
@@ -390,6 +412,7 @@ def validate_config(cfg: RunConfig) -> None:
         raise FedbenchError("data.test_root is set but data.test_dataset is not: name the dataset to test on "
                             "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
+    check_folds(cfg)
     check_backbone(cfg)
     check_ranges(cfg)
     check_partition(cfg)
