@@ -106,6 +106,10 @@ class MethodConfig:
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    # how an ImageNet backbone takes 1-channel images: "sum" its stem's RGB kernels (a grey image replicated to
+    # RGB gives the same activations), or "fresh": a newly initialised first conv of the same shape (PyTorch's
+    # default init), as FedNPR's RSNA-ICH notebook does (lightning_modules/backbones.py)
+    gray_stem: Literal["sum", "fresh"] = "sum"
     args: dict[str, Any] = field(default_factory=dict)
 
 

@@ -178,7 +178,7 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
     cls = METHODS.get(cfg.method.name)
     m = cfg.method
     common = {"backbone": m.backbone, "pretrained": m.pretrained, "optimizer": m.optimizer, "lr": m.lr,
-              "momentum": m.momentum, "weight_decay": m.weight_decay}
+              "momentum": m.momentum, "weight_decay": m.weight_decay, "gray_stem": m.gray_stem}
     check_method_args(cfg)
     torch.manual_seed(derive_seed(cfg.seed, -1, -1, INIT))  # the initial global model
     return cls(num_classes=dm.num_classes, in_channels=dm.in_channels, class_names=list(dm.class_names),

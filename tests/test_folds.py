@@ -179,11 +179,11 @@ def test_bad_table_folds_are_one_clear_error(extra, message):
 
 
 def old_identity(cfg: RunConfig) -> str:
-    """RunConfig.result_identity as computed before data.fold and data.folds existed: the same hash of the
-    non-default result options, over configs without those two options."""
+    """RunConfig.result_identity as computed before data.fold, data.folds and method.gray_stem existed: the
+    same hash of the non-default result options, over configs without those three options."""
     def strip(d: dict) -> dict:
         d = json.loads(json.dumps(result_config(d), default=str))
-        for group, key in (("data", "fold"), ("data", "folds")):
+        for group, key in (("data", "fold"), ("data", "folds"), ("method", "gray_stem")):
             d[group].pop(key)
         return d
 
