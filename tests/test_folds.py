@@ -197,3 +197,44 @@ def test_a_run_without_a_fold_keeps_its_name_and_identity(config):
         assert r.cfg.data.fold is None and r.fold is None
         assert r.cfg.result_identity() == old_identity(r.cfg)
         assert r.cfg.run_name().endswith(f"_s{r.cfg.seed}")
+
+
+def test_a_table_with_folds_runs_each_fold_once_and_says_so(tmp_path, capsys):
+    """`fedbench table` on a folds table: one record per row and fold, every digit tested once per row,
+    rows paired over the folds, and the rendered table says it is over the folds."""
+    config = tmp_path / "foldcheck_digits.yaml"
+    config.write_text(f"""table: foldcheck
+dataset: digits
+title: "Fold check"
+base:
+  data: {{name: digits, cache_dir: {tmp_path / 'cache'}}}
+  partition: {{scheme: iid, num_clients: 2}}
+  fed: {{rounds: 1, batch_size: 64}}
+  method: {{backbone: simple-cnn-w8}}
+  threads: 1
+columns: [iid]
+folds: 3
+seeds: [0]
+metrics: [accuracy]
+rows:
+  - {{label: FedAvg, method: {{name: fedavg}}}}
+  - {{label: FedProx, method: {{name: fedprox, args: {{mu: 0.01}}}}}}
+""")
+    argv = ["table", "--config", str(config), "--devices", "1", "--output-dir", str(tmp_path / "runs"),
+            "--tables-dir", str(tmp_path / "tables")]
+    assert main(argv) == 0, capsys.readouterr().err
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "foldcheck_digits").glob("*_*.json"))
+               if not p.is_symlink()]
+    by_method = {}
+    for rec in records:
+        by_method.setdefault(rec["method"], []).append((rec["config"]["data"]["fold"], rec["splits"]["test"]))
+    assert sorted(by_method) == ["fedavg", "fedprox"]
+    for folds in by_method.values():
+        assert sorted(f for f, _ in folds) == [0, 1, 2] and sum(n for _, n in folds) == 1797
+    md = (tmp_path / "tables" / "foldcheck_digits.md").read_text()
+    assert md.startswith("# Fold check — mean ± std over 3 folds (3-fold cross-validation, seed 0)")
+    assert "over seeds [0], i.e. over 3 folds (data.fold 0..2)" in md
+    table = json.loads((tmp_path / "tables" / "foldcheck_digits.json").read_text())
+    cells = {c["method"]: c for c in table["cells"]}
+    assert cells["FedAvg"]["seeds"] == [0, 1, 2] and len(cells["FedAvg"]["values"]) == 3
+    assert cells["FedProx"]["paired"]["seeds"] == [0, 1, 2]  # paired fold by fold
