@@ -41,6 +41,11 @@ class DataConfig:
     # the validation split (model selection); the classes must match (bench/experiment.setup_datamodule)
     test_dataset: str | None = None
     test_root: str | None = None
+    # K-fold cross-validation (datamodules/folds.py): fold k (0..folds-1) of ``folds`` stratified folds over every
+    # sample of the dataset is the test split, the other folds train (validation carved from them); None: the
+    # dataset's own test split. Only for datasets without a fixed official test split, or that a paper cross-validates
+    fold: int | None = None
+    folds: int = 5
     cache_dir: str = field(default=DEFAULT_CACHE_DIR, metadata=EXECUTION)  # decoded datasets
 
 
@@ -101,6 +106,10 @@ class MethodConfig:
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    # how an ImageNet backbone takes 1-channel images: "sum" its stem's RGB kernels (a grey image replicated to
+    # RGB gives the same activations), or "fresh": a newly initialised first conv of the same shape (PyTorch's
+    # default init), as FedNPR's RSNA-ICH notebook does (lightning_modules/backbones.py)
+    gray_stem: Literal["sum", "fresh"] = "sum"
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,8 +164,8 @@ class RunConfig:
         return hashlib.sha1(changed.encode()).hexdigest()[:8]
 
     def run_name(self) -> str:
-        """method[-options digest][@protocol]_data_partition_cN_sSEED: what the run is, at a glance (the
-        budget is not in it: see ``record_name``)."""
+        """method[-options digest][@protocol]_data_partition_cN_sSEED[_foldKofN]: what the run is, at a glance
+        (the budget is not in it: see ``record_name``)."""
         p = self.partition
         part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
                 "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}
@@ -170,7 +179,8 @@ class RunConfig:
         if self.fed.protocol:  # the same training scored another way is another record
             method += f"@{self.fed.protocol}"
         data = self.data.name + (f"-on-{self.data.test_dataset}" if self.data.test_dataset else "")
-        return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}"
+        fold = "" if self.data.fold is None else f"_fold{self.data.fold}of{self.data.folds}"
+        return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}{fold}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

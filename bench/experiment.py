@@ -143,7 +143,8 @@ def build_datamodule(cfg: RunConfig) -> FederatedDataModule:
     d = cfg.data
     return DATASETS.get(d.name)(root=d.root, image_size=d.image_size, cache_dir=d.cache_dir,
                                max_train_samples=d.max_train_samples, max_test_samples=d.max_test_samples,
-                               val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file)
+                               val_fraction=d.val_fraction, run_seed=cfg.seed, client_split_file=d.client_split_file,
+                               fold=d.fold, folds=d.folds)
 
 
 def setup_datamodule(cfg: RunConfig) -> FederatedDataModule:
@@ -180,7 +181,7 @@ def build_module(cfg: RunConfig, dm: FederatedDataModule) -> FederatedModule:
     cls = METHODS.get(cfg.method.name)
     m = cfg.method
     common = {"backbone": m.backbone, "pretrained": m.pretrained, "optimizer": m.optimizer, "lr": m.lr,
-              "momentum": m.momentum, "weight_decay": m.weight_decay}
+              "momentum": m.momentum, "weight_decay": m.weight_decay, "gray_stem": m.gray_stem}
     check_method_args(cfg)
     torch.manual_seed(derive_seed(cfg.seed, -1, -1, INIT))  # the initial global model
     return cls(num_classes=dm.num_classes, in_channels=dm.in_channels, class_names=list(dm.class_names),
@@ -249,7 +250,8 @@ def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
     parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
-    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else []))
+    key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else [])
+                     + ([d.fold, d.folds] if d.fold is not None else []))
     name = cfg.run_name().split("_", 1)[1]  # the run name without the method
     return (Path(cfg.output_dir) / cfg.experiment / "partitions"
             / f"{name}_{hashlib.sha1(key.encode()).hexdigest()[:8]}.png")

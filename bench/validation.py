@@ -28,7 +28,7 @@ SUPPORTED_PRECISIONS = (*PRECISION_DTYPES, "bf16-mixed", "16-mixed")
 MIN_IMAGE_SIZE = 8  # the smallest size the backbones (simple CNN, ResNet, EfficientNet) are built for
 # arguments build_module fills itself (from the data and the method options), never from method.args
 FILLED_BY_BUILDER = frozenset({"num_classes", "in_channels", "class_names", "dataset_name", "backbone", "pretrained",
-                               "optimizer", "lr", "momentum", "weight_decay"})
+                               "optimizer", "lr", "momentum", "weight_decay", "gray_stem"})
 
 
 # ---- types ---------------------------------------------------------------------------------------
@@ -193,6 +193,41 @@ def check_protocol(cfg: RunConfig) -> None:
             raise FedbenchError(f"fed.client_test site takes each client's test split from its site, which needs "
                                 f"the natural partition (one client per site), not {cfg.partition.scheme!r}: set "
                                 "partition.scheme natural, or fed.client_test carved.")
+
+
+# ---- data.fold, method.gray_stem ----------------------------------------------------------------
+def check_folds(cfg: RunConfig) -> None:
+    """K-fold cross-validation: K >= 2, the fold in 0..K-1, a dataset that may be re-split (no fixed official
+    test split, or one a paper cross-validates: datamodules/base.py ``cross_validation``), and the run's own
+    test split (not another dataset's)."""
+    d = cfg.data
+    if d.fold is None:
+        if d.folds != 5:
+            raise FedbenchError(f"data.folds {d.folds} is set but data.fold is not: name the fold to test on "
+                                f"(--data.fold 0..{d.folds - 1}), or drop data.folds.")
+        return
+    require(d.folds >= 2, "data.folds", ">= 2 (K-fold cross-validation)", d.folds)
+    require(0 <= d.fold < d.folds, "data.fold", f"in 0..{d.folds - 1} (the fold tested, of data.folds {d.folds})",
+            d.fold)
+    if DATASETS.get(d.name).cross_validation is None:
+        raise FedbenchError(f"data.fold: dataset {d.name!r} has a fixed official test split, which K-fold "
+                            "cross-validation would replace (no paper does that for it); leave data.fold unset.")
+    if d.test_dataset is not None:
+        raise FedbenchError(f"data.fold cross-validates the run's own dataset, but data.test_dataset "
+                            f"{d.test_dataset!r} tests on another one: use one or the other.")
+
+
+def check_gray_stem(cfg: RunConfig) -> None:
+    """``method.gray_stem fresh`` re-initialises the stem of a backbone built by name, for 1-channel data."""
+    if cfg.method.gray_stem == "sum":
+        return
+    if METHODS.get(cfg.method.name).build_backbone is not FederatedModule.build_backbone:
+        raise FedbenchError(f"method.gray_stem {cfg.method.gray_stem!r}: {cfg.method.name!r} brings its own "
+                            "encoder (no ImageNet stem to replace); leave method.gray_stem at 'sum'.")
+    channels = DATASETS.get(cfg.data.name).in_channels
+    if channels != 1:
+        raise FedbenchError(f"method.gray_stem {cfg.method.gray_stem!r} replaces the stem of 1-channel "
+                            f"images; {cfg.data.name!r} has {channels} channels: leave method.gray_stem at 'sum'.")
 
 
 # ---- ranges --------------------------------------------------------------------------------------
@@ -390,6 +425,8 @@ def validate_config(cfg: RunConfig) -> None:
         raise FedbenchError("data.test_root is set but data.test_dataset is not: name the dataset to test on "
                             "(e.g. --data.test_dataset brain-tumor), or drop data.test_root.")
     check_protocol(cfg)
+    check_folds(cfg)
+    check_gray_stem(cfg)
     check_backbone(cfg)
     check_ranges(cfg)
     check_partition(cfg)

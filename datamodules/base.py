@@ -12,6 +12,7 @@ from bench.core.paths import DEFAULT_CACHE_DIR
 from bench.core.registry import Registry
 from datamodules.data_home import HOW_TO_SET, data_home, locate
 from datamodules.fingerprint import tree_fingerprint
+from datamodules.folds import fold_split, pooled
 from datamodules.splits import stratified_split, stratified_subset
 from datamodules.tensors import TensorSplit, cached_decode, split_origin
 
@@ -47,6 +48,9 @@ class FederatedDataModule(L.LightningDataModule):
     decode_version: ClassVar[int] = 1
     # the published client split file this dataset can read (``data.client_split_file``), None: it reads none
     client_split_format: ClassVar[str | None] = None
+    # why K-fold cross-validation (``data.fold``, datamodules/folds.py) may re-split this dataset: it has no
+    # fixed official test split, or a paper cross-validates it; None: its official test split stays
+    cross_validation: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -59,8 +63,14 @@ class FederatedDataModule(L.LightningDataModule):
         split_seed: int = 0,
         run_seed: int = 0,
         client_split_file: str | None = None,
+        fold: int | None = None,
+        folds: int = 5,
     ) -> None:
         super().__init__()
+        if fold is not None and self.cross_validation is None:
+            raise FedbenchError(f"Dataset {self.name!r} has a fixed official test split: data.fold (K-fold "
+                                "cross-validation) does not apply to it; leave data.fold unset.")
+        self.fold, self.folds = fold, folds
         if client_split_file is not None and self.client_split_format is None:
             raise FedbenchError(f"Dataset {self.name!r} reads no client split file (data.client_split_file "
                                 f"{client_split_file!r}); only {', '.join(splittable_datasets()) or 'none'} do.")
@@ -168,6 +178,12 @@ class FederatedDataModule(L.LightningDataModule):
                                required=("train", "test"), check=self.check_labels)
         for name, split in splits.items():
             split.origin = split_origin(self.cache_key(), self.fingerprint, name)
+        if self.fold is not None:  # fold k of K over every decoded sample; validation is carved from its train
+            train, test = fold_split(pooled(splits), self.fold, self.folds, self.split_seed)
+            for name, split in (("train", train), ("test", test)):
+                split.origin = split_origin(self.cache_key(), self.fingerprint,
+                                            f"{name} of fold {self.fold}/{self.folds}, split seed {self.split_seed}")
+            splits = {"train": train, "test": test}
         train = splits["train"]
         val: TensorSplit | None
         if "val" in splits:

@@ -71,6 +71,7 @@ class FedISIC2019(FederatedDataModule):
         "benign keratosis", "dermatofibroma", "vascular lesion", "squamous cell carcinoma",
     ]
     centre_names: ClassVar[tuple[str, ...]] = CENTRE_NAMES
+    cross_validation = "FedNPR reports five-fold cross-validation, 80/20 per centre (FLamby's folds pooled per centre)"
     home_entries = ("fed_isic2019",)
     in_channels = 3
     default_image_size = 224

@@ -29,6 +29,7 @@ class Kvasir(FederatedDataModule):
         "pylorus", "Z-line", "polyps", "ulcerative colitis",
     ]
     home_entries = ("kvasir-dataset-v2", "kvasir")
+    cross_validation = "no official split (the papers split it randomly 7:1:2)"
     in_channels = 3
     default_image_size = 128
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics, as in the FedBM protocol

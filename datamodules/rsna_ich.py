@@ -111,6 +111,8 @@ class RSNAICH(FederatedDataModule):
         f"single-subtype slices in class folders <root>/{{{','.join(SUBTYPES)}}}/*.png."
     )
     client_split_format = "FedNPR's ich_datasplit_10cl.npy (https://github.com/Jwicaksana/FedNPR)"
+    cross_validation = ("no official test labels; FedNPR reports five-fold cross-validation (with the split file: "
+                        "per client, the file's train and test lists pooled)")
 
     def cache_key(self) -> str:
         """A split file changes the splits: its resolved path is part of the key."""

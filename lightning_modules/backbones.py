@@ -9,6 +9,7 @@ from torch import nn
 from bench.core.errors import FedbenchError
 
 BACKBONES = ("resnet18", "efficientnet_b0", "efficientnet_lite0", "simple-cnn")
+GRAY_STEMS = ("sum", "fresh")  # method.gray_stem (bench/config.py)
 SIMPLE_CNN_WIDTH = re.compile(r"simple-cnn(?:-w(\d+))?")  # simple-cnn (width 32) or simple-cnn-w<width>
 
 
@@ -68,3 +69,26 @@ def build_backbone(name: str, in_channels: int, pretrained: bool = False) -> tup
                 "method.backbone=efficientnet_lite0 with method.pretrained=true (packaged weights) or pretrained=false."
             ) from err
     return net, int(net.num_features)
+
+
+def first_conv(net: nn.Module) -> nn.Conv2d:
+    """The backbone's stem: its first Conv2d in module order (EfficientNet's conv_stem, ResNet's conv1)."""
+    conv = next((m for m in net.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is None:
+        raise FedbenchError(f"{type(net).__name__} has no Conv2d stem to re-initialise (method.gray_stem fresh).")
+    return conv
+
+
+def fresh_gray_stem(net: nn.Module) -> nn.Conv2d:
+    """``method.gray_stem: fresh``: the 1-channel stem re-initialised in place with PyTorch's default Conv2d
+    init (same shape, stride and padding; EfficientNet-B0: Conv2d(1, 32, 3, stride 2, padding 1, no bias)),
+    instead of the ImageNet stem's RGB kernels summed. FedNPR's RSNA-ICH notebook ([fednpr]_ich.ipynb,
+    Jwicaksana/FedNPR 1dbe3ae) replaces torchvision's ImageNet EfficientNet-B0 ``features[0][0]`` with
+    ``nn.Conv2d(1, 32, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), bias=False)``: a new conv, the
+    rest of the network (the stem's BatchNorm too) keeping its ImageNet weights."""
+    conv = first_conv(net)
+    if conv.in_channels != 1:
+        raise FedbenchError(f"method.gray_stem fresh re-initialises a 1-channel stem; this one takes "
+                            f"{conv.in_channels} channels (the data's images are not greyscale).")
+    conv.reset_parameters()
+    return conv

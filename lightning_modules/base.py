@@ -67,7 +67,7 @@ from torch import nn
 from bench.core.batches import DeviceData, EpochBatches
 from bench.core.errors import FedbenchError
 from bench.core.registry import Registry
-from lightning_modules.backbones import build_backbone
+from lightning_modules.backbones import GRAY_STEMS, build_backbone, fresh_gray_stem
 
 METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules")
 
@@ -267,12 +267,17 @@ class FederatedModule(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         class_names: list[str] | None = None,
         dataset_name: str | None = None,
+        gray_stem: str = "sum",
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["class_names"])
         self.num_classes = num_classes
         self.class_names = class_names
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
+        if gray_stem == "fresh":  # a new 1-channel stem instead of the summed ImageNet one (method.gray_stem)
+            fresh_gray_stem(self.backbone)
+        elif gray_stem != "sum":
+            raise FedbenchError(f"method.gray_stem must be one of {list(GRAY_STEMS)}, got {gray_stem!r}.")
         self.head = self.build_head()
 
     def method_name(self) -> str:

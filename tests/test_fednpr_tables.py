@@ -32,7 +32,9 @@ def test_table3_has_every_method_scored_per_client(dataset):
     for printed, method in TABLE3_METHODS.items():
         assert by_paper_name.get(printed) == {method}, (dataset, printed, by_paper_name.get(printed))
     if dataset != "fashion-mnist":
-        assert spec["round_rule"] == "max-test-bacc" and spec["seeds"] == [0, 1, 2, 3, 4]
+        # the paper's five-fold cross-validation: one run per fold, each with seed 0 (tests/test_folds.py)
+        assert spec["round_rule"] == "max-test-bacc" and spec["folds"] == 5 and spec["seeds"] == [0]
+        assert sorted({r.cfg.data.fold for r in runs}) == [0, 1, 2, 3, 4]
 
 
 def test_table3_is_covered_on_both_datasets_with_the_papers_protocol(fednpr_coverage):
@@ -58,7 +60,7 @@ def test_every_published_fednpr_cell_is_covered(fednpr_coverage):
 def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, k, lam):
     table3 = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")
     spec = load_table_config(f"configs/tables/fednpr-ablation_{dataset}.yaml")
-    for key in ("base", "round_rule", "seeds", "metrics"):
+    for key in ("base", "round_rule", "folds", "seeds", "metrics"):
         assert spec[key] == table3[key], key
     runs = plan_runs(spec)
     args = {r.label: r.cfg.method.args for r in runs}
@@ -68,8 +70,8 @@ def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, 
     assert args["NPR K=1, no BSM (T4)"] == {"num_subclusters": 1, "lam": lam, "balanced_softmax": False}
     assert {r.cfg.method.name for r in runs if "(T6)" in r.label} == {"fednpr", "fedbabu-npr", "fedrep-npr",
                                                                        "fedrod-npr"}
-    # 16 rows; the full FedNPR-Per (Tables 4, 5, 7) and K=1 (Tables 4, 5) run once each: 13 runs per seed
-    assert len(distinct_runs(runs)) == 13 * len(spec["seeds"])
+    # 16 rows; the full FedNPR-Per (Tables 4, 5, 7) and K=1 (Tables 4, 5) run once each: 13 runs per fold
+    assert len(distinct_runs(runs)) == 13 * spec["folds"]
 
 
 @pytest.mark.parametrize("config", ["fednpr_isic", "fednpr_ich", "fednpr_fashion-mnist", "fednpr-ablation_isic",

@@ -27,7 +27,7 @@ def write(tmp_path, spec: dict) -> str:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'baseline', 'betas', 'columns', 'dataset',"),
+        ({"rowz": []}, "has unknown key(s) ['rowz']; allowed: ['base', 'baseline', 'betas', 'cannot_show', 'columns', 'dataset',"),
         ({"base": {"fedd": {"rounds": 2}}}, "base has unknown key(s) ['fedd']; allowed: ['accelerator', "),
         ({"base": {"fed": {"roundz": 2}}},
          "base has unknown key(s) ['roundz'] in fed; allowed: ['batch_size', "),

@@ -7,7 +7,8 @@ dotted RunConfig option (``fedbench run --print_config`` lists them); VALUE is r
 option's type. ``method.args.<name>`` sets a method option in the runs whose method accepts it
 (``--set method.args.text_encoder=minilm`` changes FedCB/FedBM rows and leaves FedAvg alone); it is an
 error when no row's method accepts it. The table's own axes are not options: ``seed`` is ``--seeds``,
-the partition's ``beta`` is the column, ``devices`` / ``output_dir`` / ``wandb`` are ``fedbench table`` flags.
+the partition's ``beta`` is the column, ``data.fold`` / ``data.folds`` are the table's ``folds:`` key, ``devices`` /
+``output_dir`` / ``wandb`` are ``fedbench table`` flags.
 
 ``--seeds 0`` and ``--rows FedAvg,FedBM`` select a subset of the config's seeds and row labels.
 
@@ -46,6 +47,7 @@ from bench.validation import describe, matches
 RESERVED = {
     "seed": "use --seeds", "experiment": "the table names its experiment", "partition.beta": "beta is the table's column",
     "devices": "use --devices", "output_dir": "use --output-dir", "wandb": "use --wandb",
+    "data.fold": "the folds are the table's `folds:` key", "data.folds": "the folds are the table's `folds:` key",
 }
 # where the data is and how runs execute (bench/config.py's EXECUTION options): overriding these keeps the
 # table at the config's budget

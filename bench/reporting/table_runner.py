@@ -3,7 +3,9 @@ then render the table from the run records only.
 
 A table config (configs/tables/*.yaml) holds ``base`` (RunConfig overrides shared by every run),
 ``columns`` (partition settings, bench/reporting/columns.py; ``betas: [...]`` is sugar for
-Dirichlet columns), ``seeds``, ``metrics``, ``round_rule`` (how global-model rows pick their round,
+Dirichlet columns), ``seeds`` (or ``folds: K`` with one seed: K-fold cross-validation, the runs repeat over
+data.fold 0..K-1 instead of over seeds, and the table's mean ± std and paired differences are over the folds),
+``metrics``, ``round_rule`` (how global-model rows pick their round,
 bench/reporting/protocols.py) and ``rows`` (label + overrides; ``partition_independent: true`` for
 rows such as Central that do not depend on the partition: run once per seed, shown in every column;
 ``columns`` / ``betas`` for rows whose options differ per column: the row runs in those columns
@@ -57,7 +59,7 @@ from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",
-              "cannot_show"}
+              "cannot_show", "folds"}
 # a row's own keys; its other keys override RunConfig's option groups
 ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
                 "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
@@ -72,12 +74,13 @@ UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", 
 class PlannedRun:
     label: str
     beta: float | None  # the Dirichlet concentration of its column, when it has one
-    seed: int
+    seed: int  # the table's repeat axis (rows are paired on it): the run's seed, or with ``folds`` its fold
     cfg: RunConfig
     columns: list[str]  # ids of the columns this run fills
     row: dict = field(default_factory=dict)  # the row of the table config it comes from
     # command-line (--set) changes to its budget (bench/reporting/table_overrides.py): never comparable with a paper
     overrides: dict = field(default_factory=dict)
+    fold: int | None = None  # its fold (data.fold) in a table with ``folds``
 
 
 def load_table_config(path: str) -> dict[str, Any]:
@@ -124,8 +127,8 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
             mine = mine[:1]
         for col_id in mine:
             column = by_id[col_id]
-            for seed in spec["seeds"]:
-                run = {"seed": seed, "experiment": experiment + record_suffix(row, where)}
+            for axis, fold, repeat in table_repeats(spec, experiment):
+                run = {**repeat, "experiment": experiment + record_suffix(row, where)}
                 if output_dir:
                     run["output_dir"] = output_dir
                 cfg = run_config(TABLE_DEFAULTS, spec.get("base") or {}, {"partition": column.partition}, overrides,
@@ -136,7 +139,7 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
                                         "data.client_split_file (FedNPR's ich_datasplit_10cl.npy) and "
                                         "fed.client_test site.")
                 cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
-                runs.append(PlannedRun(row["label"], column.beta, seed, cfg, cols, row))
+                runs.append(PlannedRun(row["label"], column.beta, axis, cfg, cols, row, fold=fold))
     runs += derived_runs(spec, runs, experiment)
     for label in dict.fromkeys(r.label for r in runs):
         covered = {c for r in runs if r.label == label for c in r.columns}
@@ -149,6 +152,36 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
     if check_records:
         check_shared_records(runs)
     return runs
+
+
+def table_repeats(spec: dict[str, Any], experiment: str) -> list[tuple[int, int | None, dict]]:
+    """(axis value, fold, run overrides) of each repeat of a run: one per seed, or with ``folds: K`` one per
+    fold k = 0..K-1 (data.fold k of K, every fold with the table's one seed; rows are paired fold by fold)."""
+    folds = spec.get("folds")
+    if folds is None:
+        return [(seed, None, {"seed": seed}) for seed in spec["seeds"]]
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise FedbenchError(f"Table {experiment}: folds must be a whole number >= 2 (K-fold cross-validation), "
+                            f"got {folds!r}.")
+    if len(spec["seeds"]) != 1:
+        raise FedbenchError(f"Table {experiment}: with folds: {folds} the runs repeat over the folds; seeds must "
+                            f"name the one seed every fold trains with, got {spec['seeds']}.")
+    return [(k, k, {"seed": spec["seeds"][0], "data": {"fold": k, "folds": folds}}) for k in range(folds)]
+
+
+def fold_legend(spec: dict[str, Any]) -> dict[str, Any]:
+    """The table config as rendered: with ``folds``, its title and legend say the mean ± std and the paired
+    differences are over the K folds (the render's "seeds" axis is the fold)."""
+    folds = spec.get("folds")
+    if folds is None:
+        return spec
+    seed = spec["seeds"][0]
+    title = spec.get("title", f"{spec['table']}_{spec['dataset']}")
+    notes = (f"Cross-validation: every mean ± std is over the {folds} folds of {folds}-fold cross-validation (fold k "
+             f"tests on the k-th of {folds} folds of the pooled data, stratified by class and by site, and trains on "
+             f"the other folds; seed {seed} in every fold); rows are paired fold by fold.")
+    return {**spec, "title": f"{title} — mean ± std over {folds} folds ({folds}-fold cross-validation, seed {seed})",
+            "notes": f"{notes}\n{spec.get('notes') or ''}"}
 
 
 def record_suffix(row: dict, where: str) -> str:
@@ -182,7 +215,8 @@ def derived_runs(spec: dict[str, Any], runs: list[PlannedRun], experiment: str) 
                                 f"(got {sources!r}; rows: {sorted(labels)}).")
         first = next(r.row for r in runs if r.label == sources[0])
         derived = {**{k: first[k] for k in ("round_rule", "partition_independent", "partition") if k in first}, **row}
-        out += [PlannedRun(row["label"], r.beta, r.seed, r.cfg, r.columns, derived) for r in runs if r.label == sources[0]]
+        out += [PlannedRun(row["label"], r.beta, r.seed, r.cfg, r.columns, derived, fold=r.fold)
+                for r in runs if r.label == sources[0]]
     return out
 
 
@@ -314,7 +348,7 @@ def main(argv: list[str]) -> int:
                       "from the other shards (the shard that completes the set renders it, or run the same command "
                       "with --render-only).")
                 return 0
-    paths = render_table(spec, runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
+    paths = render_table(fold_legend(spec), runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
                          changes=overrides.describe(full_spec), reduced=not overrides.full_budget)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
@@ -353,7 +387,8 @@ def shard_runs(runs: list[PlannedRun], shard: tuple[int, int] | None) -> list[Pl
 def run_label(r: PlannedRun) -> str:
     """Which run of a row an error is about: "(beta 0.5, seed 0)", or the column when it has no beta."""
     column = f"beta {r.beta:g}" if r.beta is not None else f"column {r.columns[0]}"
-    return f"({column}, seed {r.seed})"
+    repeat = f"seed {r.seed}" if r.fold is None else f"fold {r.fold}/{r.cfg.data.folds}, seed {r.cfg.seed}"
+    return f"({column}, {repeat})"
 
 
 def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrides | None = None) -> None:

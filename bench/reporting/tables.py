@@ -64,6 +64,7 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
     A derived column (``average``) holds, per seed, the mean of the row's values in the other columns."""
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     metrics = spec.get("metrics", ["accuracy", "f1"])
+    each = repeat_word(spec)
     for run in runs:
         rec = records.get(id(run))
         rule = protocols[run.label].round
@@ -80,7 +81,7 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                     if metric == "accuracy" and n_test:
                         cell.setdefault("test_se_values", []).append(binomial_se(value, int(n_test)))
                         cell["n_test"] = int(n_test)
-                    cell["warnings"] = cell.get("warnings", []) + [f"seed {run.seed}: {w}" for w in notes]
+                    cell["warnings"] = cell.get("warnings", []) + [f"{each} {run.seed}: {w}" for w in notes]
                     if collapsed is not None:
                         cell.setdefault("collapsed", []).append([run.seed, collapsed])
     ran = [c.id for c in columns if not c.derived]
@@ -96,7 +97,7 @@ def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Colu
                         cell["values"].append(statistics.fmean(per_col))
                         cell["seeds"].append(seed)
                         warned = [w for p in parts if p for w in p.get("warnings", [])
-                                  if w.startswith(f"seed {seed}: ")]
+                                  if w.startswith(f"{each} {seed}: ")]
                         if warned:  # an average over a suspect run is suspect too
                             cell["warnings"] = cell.get("warnings", []) + list(dict.fromkeys(warned))
                 cells[(label, derived.id, metric)] = cell
@@ -295,17 +296,24 @@ def shown_paper_groups(cells: dict, labels: list[str], col: Column, metric: str,
 EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean": "client-mean"}
 
 
+def repeat_word(spec: dict) -> str:
+    """What a table repeats its runs over, as its legend and warnings name it: "fold" with ``folds``, else "seed"."""
+    return "fold" if spec.get("folds") else "seed"
+
+
 def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
                  baseline: str | None, paper_shown: bool, columns: list[Column], runs: list,
                  records: dict[int, dict] | None = None) -> list[str]:
     """The table's legend, one Markdown bullet per kind of column and mark."""
     shown = ", ".join(papers) or "none"
-    lines = [(f"Ours: mean ± sample std over seeds {spec['seeds']} (%). "
-             f"{protocol_note(labels, protocols, spec.get('round_rule'))}")]
+    each = repeat_word(spec)
+    over = (f"the {spec['folds']} folds (data.fold 0..{spec['folds'] - 1}; seed {spec['seeds'][0]} in every fold)"
+            if spec.get("folds") else f"seeds {spec['seeds']}")
+    lines = [f"Ours: mean ± sample std over {over} (%). {protocol_note(labels, protocols, spec.get('round_rule'))}"]
     if baseline is not None:
         others = [lab for lab in labels if lab != baseline and protocols[lab].eval != protocols[baseline].eval]
-        line = (f"Δ {baseline}: every row runs on the same partition per seed, so per seed the row minus "
-                f"{baseline} (same partition, same seed), averaged over the seeds both have, with its 95% "
+        line = (f"Δ {baseline}: every row runs on the same partition per {each}, so per {each} the row minus "
+                f"{baseline} (same partition, same {each}), averaged over the {each}s both have, with its 95% "
                 f"interval (paired t-test, n − 1 degrees of freedom); * marks p < {ALPHA:g} (the interval "
                 f"excludes 0), not corrected for the table's many comparisons.")
         if others:
@@ -351,7 +359,7 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
     elif papers:
         lines.append(f"No paper ({shown}) has a number for these cells: the paper columns are left out.")
     if any(c.derived for c in columns):
-        lines.append("average: per seed, the mean of the row's other columns.")
+        lines.append(f"average: per {each}, the mean of the row's other columns.")
     lines.append("Rows without records are shown as missing, never filled.")
     return [f"- {line}" for line in lines]
 
@@ -441,7 +449,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
     paper_shown = any(shown for _, _, shown in layout)
     legend = legend_lines(spec, labels, protocols, cells, papers, baseline, paper_shown, columns, runs, records)
-    legend += [f"- {label}: per seed, the mean of rows {', '.join(sources)}."
+    legend += [f"- {label}: per {repeat_word(spec)}, the mean of rows {', '.join(sources)}."
                for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
     md += [*dict.fromkeys(legend), ""]
     md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
