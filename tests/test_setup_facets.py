@@ -43,8 +43,11 @@ def render(tmp_path, spec, sets=()):
     paths = render_table(ov.select(spec), runs, str(tmp_path / "tables"), name=ov.table_name("t"),
                          changes=ov.describe(spec), reduced=not ov.full_budget)
     cells = {(c["method"], c["column"], c["metric"]): c for c in json.loads(Path(paths["json"]).read_text())["cells"]}
-    md = {line.split(" | ")[0].lstrip("| "): line for line in Path(paths["md"]).read_text().splitlines()
-          if line.startswith("| ") and not line.startswith("| Method")}
+    md: dict[str, str] = {}  # row label -> its lines (a wide table prints one block per column)
+    for line in Path(paths["md"]).read_text().splitlines():
+        if line.startswith("| ") and not line.startswith("| Method"):
+            label = line.split(" | ")[0].lstrip("| ")
+            md[label] = f"{md[label]}\n{line}" if label in md else line
     return cells, md
 
 

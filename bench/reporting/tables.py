@@ -17,10 +17,9 @@ One column group per paper that has a cell in the table, so every number names i
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from bench.reporting.cell_marks import (
 )
 from bench.reporting.columns import Column, table_columns
 from bench.reporting.paper_compare import (
-    PAPER_NAMES,
     compare,
     load_cells,
     match_table,
@@ -46,6 +44,8 @@ from bench.reporting.paper_compare import (
 from bench.reporting.paper_sources import FACETS, inferred_facets
 from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
+from bench.reporting.table_files import csv_text, table_json
+from bench.reporting.table_grid import Grid, fmt, grid_header, grid_rows, markdown_blocks  # noqa: F401 (fmt: tests)
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
@@ -125,36 +125,6 @@ def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[s
                 warned = [w for p in parts for w in p.get("warnings", [])]
                 if warned:
                     cell["warnings"] = list(dict.fromkeys(warned))
-
-
-def fmt(cell: dict) -> str:
-    if cell["mean"] is None:
-        return f"missing (0/{cell['expected']} seeds)"
-    text = f"{cell['mean']:.2f}" + ("" if cell["std"] is None else f" ± {cell['std']:.2f}")
-    if len(cell["values"]) < cell["expected"]:
-        text += f" ({len(cell['values'])}/{cell['expected']} seeds)"
-    if cell.get("warnings"):
-        text += " ⚠"
-    if cell.get("marks"):
-        text += f" ({'; '.join(cell['marks'])})"
-    return text
-
-
-def fmt_paper(cmp: dict, footnote: int | None = None) -> list[str]:
-    """The paper, delta and p-value columns of one cell (one paper); a protocol or setup difference
-    names what differs ("protocol differs: round", "setup differs: rounds 20 vs 200", "not comparable:
-    ...") and points to its footnote."""
-    if cmp["protocol_differs"] is not None:
-        mark = f" [{footnote}]" if footnote is not None else ""
-        return [f"{cmp['protocol_differs_in']}{mark}", "—", "—"]
-    if cmp["paper_mean"] is None:
-        return ["n/a", "n/a", "n/a"]
-    paper = f"{cmp['paper_mean']:.2f}" + (f" ± {cmp['paper_std']:.2f}" if cmp["paper_std"] is not None else "")
-    if cmp.get("protocol_inferred"):
-        paper += " †"
-    delta = "missing" if cmp["delta"] is None else f"{cmp['delta']:+.2f}"
-    p = "n/a" if cmp["p_value"] is None else f"{cmp['p_value']:.3f}"
-    return [paper, delta, p]
 
 
 def load_records(runs: list) -> dict[int, dict]:
@@ -266,33 +236,6 @@ def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labe
                 cells[(lab, col.id, metric)]["best"] = lab in best
 
 
-def fmt_paired(cell: dict) -> str:
-    """The paired-difference column of one cell: "+6.60 [-3.09, 16.29]", "*" when p < ALPHA."""
-    diff = cell.get("paired")
-    if diff is None:
-        return {"baseline": "(reference)", "missing": "missing"}.get(cell.get("paired_note") or "", "—")
-    if diff["ci95"] is None:
-        return f"{diff['mean']:+.2f} (1 seed)"
-    low, high = diff["ci95"]
-    return f"{diff['mean']:+.2f} [{low:+.2f}, {high:+.2f}]" + (" *" if diff["significant"] else "")
-
-
-def shown_paper_groups(cells: dict, labels: list[str], col: Column, metric: str, groups: list[str],
-                       papers: list[str]) -> list[str | None]:
-    """The paper column groups of (column, metric) that print something other than n/a for some row;
-    [None] stands for the plain "paper" group of a table with no paper cell at all."""
-    candidates: list[str | None] = list(groups) or [None]
-    out = []
-    for p in candidates:
-        for label in labels:
-            cell = cells[(label, col.id, metric)]
-            cmp = cell["papers"][p] if p else cell
-            if cmp["protocol_differs"] is not None or cmp["paper_mean"] is not None:
-                out.append(p)
-                break
-    return out
-
-
 EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean": "client-mean"}
 
 
@@ -374,12 +317,25 @@ def warning_lines(cells: dict, by_id: dict[str, Column]) -> list[str]:
             *(f"- {w}" for w in sorted(warned))]
 
 
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
-                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
-    """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
-    ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
-    <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
-    config; ``reduced``: not the config's budget, which the title then says."""
+@dataclass
+class Assembled:
+    """A table's cells with what renders them: its columns and metrics, rows (labels), their protocols,
+    the baseline row, the records, the papers it names and those with a cell in it (``groups``)."""
+
+    cells: dict
+    columns: list[Column]
+    metrics: list[str]
+    labels: list[str]
+    protocols: dict[str, RowProtocol]
+    baseline: str | None
+    records: dict[int, dict]
+    papers: list[str]
+    groups: list[str]
+
+
+def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
+    """Every cell of the table: ours from the records, marked (cell_marks.py), compared with each paper's
+    cell (paper_compare.py), with its paired difference to the baseline and its bold (uncertainty.py)."""
     metrics = spec.get("metrics", ["accuracy", "f1"])
     columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
@@ -400,103 +356,69 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
     add_uncertainty(cells, columns, metrics, labels, runs, protocols, baseline)
-    name = name or f"{spec['table']}_{spec['dataset']}"
-    # the setup line describes a federated row's record (a zero-shot or central row runs another budget)
+    return Assembled(cells, columns, metrics, labels, protocols, baseline, records, papers, groups)
+
+
+def setup_record(runs: list, records: dict[int, dict]) -> dict | None:
+    """The record the setup line describes: a federated row's (a zero-shot or central row runs another budget)."""
     federated = [records[id(r)] for r in runs if id(r) in records and not r.row.get("partition_independent")]
-    some = federated[0] if federated else next(iter(records.values()), None)
+    return federated[0] if federated else next(iter(records.values()), None)
 
-    header = ["Method"]
-    layout = []  # (column, metric, paper groups shown)
-    for col in columns:
-        for m in metrics:
-            lab = f"{col.label} {METRIC_LABELS.get(m, m)}"
-            shown_groups = shown_paper_groups(cells, labels, col, m, groups, papers)
-            layout.append((col, m, shown_groups))
-            header.append(f"{lab} ours")
-            if baseline is not None:
-                header.append(f"{lab} Δ {baseline} [95% CI]")
-            for p in shown_groups:
-                if p is None:
-                    header += [f"{lab} paper", f"{lab} Δ", f"{lab} p"]
-                else:
-                    tag = f" {PAPER_NAMES.get(p, p)}" if len(groups) > 1 else ""
-                    header += [f"{lab} {PAPER_NAMES.get(p, p)}", f"{lab} Δ{tag}", f"{lab} p{tag}"]
-    footnotes: dict[str, int] = {}  # "row vs source: reason" -> its number
-    rows = []
-    for label in labels:
-        row = [label]
-        for col, m, shown_groups in layout:
-            cell = cells[(label, col.id, m)]
-            row.append(f"**{fmt(cell)}**" if cell["best"] else fmt(cell))
-            if baseline is not None:
-                row.append(fmt_paired(cell))
-            for p in shown_groups:
-                cmp = cell["papers"][p] if p else cell
-                note = None
-                if cmp["protocol_differs"]:
-                    key = f"{label} vs {cmp['paper_source']}: {cmp['protocol_differs']}"
-                    note = footnotes.setdefault(key, len(footnotes) + 1)
-                row += fmt_paper(cmp, note)
-        rows.append(row)
 
-    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
-                                                                      if reduced else "")
+def markdown(spec: dict, runs: list, a: Assembled, grid: Grid, title: str, changes: list[str] | None) -> list[str]:
+    """The Markdown page: title, what a stand-in cannot show, changes, setup, legend, the grid, the ⚠
+    list, the footnotes and the config's notes."""
+    some = setup_record(runs, a.records)
     md = [f"# {title}", "", *([f"**What this stand-in cannot show:** {spec['cannot_show'].strip()}", ""]
                               if spec.get("cannot_show") else [])]
     if changes:
         md += [*changes, ""]
     if some is not None:
-        md += [f"Setup: {setup_line(some)}.", "", weights_line(labels, runs, records), ""]
-    paper_shown = any(shown for _, _, shown in layout)
-    legend = legend_lines(spec, labels, protocols, cells, papers, baseline, paper_shown, columns, runs, records)
+        md += [f"Setup: {setup_line(some)}.", "", weights_line(a.labels, runs, a.records), ""]
+    paper_shown = any(shown for _, _, shown in grid.layout)
+    legend = legend_lines(spec, a.labels, a.protocols, a.cells, a.papers, a.baseline, paper_shown, a.columns, runs,
+                          a.records)
     legend += [f"- {label}: per {repeat_word(spec)}, the mean of rows {', '.join(sources)}."
                for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
     md += [*dict.fromkeys(legend), ""]
-    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(row) + " |" for row in rows]
-    by_id = {c.id: c for c in columns}
-    md += warning_lines(cells, by_id)
-    if footnotes:
+    md += markdown_blocks(grid)
+    md += warning_lines(a.cells, {c.id: c for c in a.columns})
+    if grid.footnotes:
         md += ["", "Protocol and setup differences (ours vs the paper's cell): "
-               + " ".join(f"[{n}] {text}." for text, n in footnotes.items())]
+               + " ".join(f"[{n}] {text}." for text, n in grid.footnotes.items())]
     if spec.get("notes"):
         md += ["", spec["notes"].strip()]
+    return md
 
+
+def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
+                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
+    """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
+    ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
+    <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
+    config; ``reduced``: not the config's budget, which the title then says."""
+    a = assemble(spec, runs, papers_root)
+    grid = Grid()
+    grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
+    grid_rows(grid, a.cells, a.labels, a.baseline)
+    name = name or f"{spec['table']}_{spec['dataset']}"
+    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
+                                                                      if reduced else "")
+    md = markdown(spec, runs, a, grid, title, changes)
     out_dir = Path(tables_dir)
     plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
-    figures = {**plot_curves(spec, plotted, records, out_dir / f"{name}_curves.png", columns,
-                             baseline=baseline_label(spec, runs)),
-               **plot_partitions(spec, plotted, records, out_dir, name, columns)}
+    figures = {**plot_curves(spec, plotted, a.records, out_dir / f"{name}_curves.png", a.columns, baseline=a.baseline),
+               **plot_partitions(spec, plotted, a.records, out_dir, name, a.columns)}
     if figures:
         md += ["", "Figures: " + ", ".join(f"[{k}]({Path(v).name})" for k, v in figures.items())]
-
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    cols = ["mean", "std", "paper_mean", "paper_std", "delta", "p_value", "paper_source"]
-    writer.writerow(["method", "beta", "metric", *cols, "n_seeds", "expected_seeds", "values", "column",
-                     "round_rule", "protocol_differs", "other_papers", "baseline", "paired_mean", "paired_ci95_low",
-                     "paired_ci95_high", "paired_p", "paired_n", "test_se", "best"])
-    for (label, col_id, metric), cell in cells.items():
-        beta = next(c.beta for c in columns if c.id == col_id)
-        others = "; ".join(f"{v['paper_source']}: " + " ".join(fmt_paper(v)) for p, v in cell["papers"].items()
-                           if v["paper_source"] and v["paper_source"] != cell["paper_source"])
-        diff = cell["paired"] or {}
-        ci = diff.get("ci95") or [None, None]
-        writer.writerow([label, "" if beta is None else beta, metric, *(cell[c] for c in cols), len(cell["values"]),
-                         cell["expected"], " ".join(f"{v:.4f}" for v in cell["values"]), col_id, cell["round_rule"],
-                         cell["protocol_differs"] or "", others, baseline or "",
-                         *("" if v is None else v for v in (diff.get("mean"), *ci, diff.get("p_value"))),
-                         len(diff.get("diffs") or []) or "", "" if cell["test_se"] is None else cell["test_se"],
-                         int(cell["best"])])
+    by_id = {c.id: c for c in a.columns}
+    some = setup_record(runs, a.records)
     paths = {"md": str(out_dir / f"{name}.md"), "csv": str(out_dir / f"{name}.csv"), "json": str(out_dir / f"{name}.json")}
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
-    atomic_write_text(paths["csv"], buf.getvalue())
-    write_json(paths["json"], {"table": spec["table"], "dataset": spec["dataset"], "name": name, "title": title,
-                               "experiment": runs[0].cfg.experiment if runs else name,
-                               "reduced": reduced, "changes": changes or [], "papers": papers, "baseline": baseline,
-                               "setup": setup_line(some) if some else "", "figures": figures,
-                               "columns": [c.id for c in columns],
-                               "protocols": {lab: vars(protocols[lab]) for lab in labels},
-                               "cells": [{"method": k[0], "beta": by_id[k[1]].beta, "column": k[1], "metric": k[2], **v}
-                                         for k, v in cells.items()]})
+    atomic_write_text(paths["csv"], csv_text(a.cells, by_id, a.baseline))
+    write_json(paths["json"], table_json(
+        a.cells, by_id, table=spec["table"], dataset=spec["dataset"], name=name, title=title,
+        experiment=runs[0].cfg.experiment if runs else name, reduced=reduced, changes=changes or [], papers=a.papers,
+        baseline=a.baseline, setup=setup_line(some) if some else "", figures=figures,
+        columns=[c.id for c in a.columns], protocols={lab: vars(a.protocols[lab]) for lab in a.labels}))
     return {**paths, **figures}
