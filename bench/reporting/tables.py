@@ -244,6 +244,41 @@ def repeat_word(spec: dict) -> str:
     return "fold" if spec.get("folds") else "seed"
 
 
+def test_se_line(cells: dict) -> list[str]:
+    """The legend's test-set standard error of one run's accuracy (global-model rows), if any."""
+    ses = [c["test_se"] for c in cells.values() if c.get("test_se") is not None]
+    n_test = sorted({c["n_test"] for c in cells.values() if c.get("test_se") is not None and c.get("n_test")})
+    if not ses:
+        return []
+    sizes = " / ".join(str(n) for n in n_test)
+    return [(f"Test-set standard error: one run's accuracy on the {sizes} test images varies by "
+             f"100·sqrt(p(1 − p)/n) = {min(ses):.2f}–{max(ses):.2f} pp from the test sample alone "
+             "(global-model rows; per cell in the CSV/JSON as test_se); the seed-to-seed std includes it.")]
+
+
+def paper_legend(cells: dict, papers: list[str]) -> str:
+    """The legend of the paper columns: what they print, where the cells come from, what † marks."""
+    shown = ", ".join(papers) or "none"
+    line = (f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), "
+            "Δ = ours − paper, p = two-sided Welch t-test where both sides have >= 3 runs.")
+    sources = sorted({cell["papers"][p]["paper_source"] for cell in cells.values() for p in papers
+                      if cell["papers"][p]["paper_source"]})
+    if sources:
+        line += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
+                 "is evaluated, the reporting round, the model) its column says 'protocol differs', where it "
+                 "trained in another setup (clients, rounds, local epochs, client sampling, partition) 'setup "
+                 "differs: <ours> vs <paper's>', and a row run with --set overrides or standing in for the "
+                 "paper's data says 'not comparable'; none of them gives a Δ or a p.")
+    inferred: dict[str, set[str]] = {}  # row -> the paper's facets for it that are not stated
+    for (label, _, _), cell in cells.items():
+        inferred.setdefault(label, set()).update(f for p in papers for f in inferred_facets(cell["papers"][p]))
+    named = "; ".join(f"{lab}: {', '.join(f for f in FACETS if f in fs)}" for lab, fs in inferred.items() if fs)
+    if named:
+        line += (" †: the paper does not state every facet of how it measured that row; these are read from "
+                 f"its public code or chosen by us ({named}; sources in results/paper).")
+    return line + " Every known departure from the papers, with its reason: docs/departures.md."
+
+
 def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
                  baseline: str | None, paper_shown: bool, columns: list[Column], runs: list,
                  records: dict[int, dict] | None = None) -> list[str]:
@@ -273,32 +308,9 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
                                    for rec in [(records or {}).get(id(r))] if rec is not None])
     if balanced:
         lines.append(balanced)
-    ses = [c["test_se"] for c in cells.values() if c.get("test_se") is not None]
-    n_test = sorted({c["n_test"] for c in cells.values() if c.get("test_se") is not None and c.get("n_test")})
-    if ses:
-        sizes = " / ".join(str(n) for n in n_test)
-        lines.append(f"Test-set standard error: one run's accuracy on the {sizes} test images varies by "
-                     f"100·sqrt(p(1 − p)/n) = {min(ses):.2f}–{max(ses):.2f} pp from the test sample alone "
-                     "(global-model rows; per cell in the CSV/JSON as test_se); the seed-to-seed std includes it.")
+    lines += test_se_line(cells)
     if paper_shown:
-        line = (f"Paper: the published mean ± std ({shown}; n/a where the paper has no such cell), "
-                "Δ = ours − paper, p = two-sided Welch t-test where both sides have >= 3 runs.")
-        sources = sorted({cell["papers"][p]["paper_source"] for cell in cells.values() for p in papers
-                          if cell["papers"][p]["paper_source"]})
-        if sources:
-            line += (f" Published cells from {', '.join(sources)}; where the paper measured something else (what "
-                     "is evaluated, the reporting round, the model) its column says 'protocol differs', where it "
-                     "trained in another setup (clients, rounds, local epochs, client sampling, partition) 'setup "
-                     "differs: <ours> vs <paper's>', and a row run with --set overrides or standing in for the "
-                     "paper's data says 'not comparable'; none of them gives a Δ or a p.")
-        inferred: dict[str, set[str]] = {}  # row -> the paper's facets for it that are not stated
-        for (label, _, _), cell in cells.items():
-            inferred.setdefault(label, set()).update(f for p in papers for f in inferred_facets(cell["papers"][p]))
-        named = "; ".join(f"{lab}: {', '.join(f for f in FACETS if f in fs)}" for lab, fs in inferred.items() if fs)
-        if named:
-            line += (" †: the paper does not state every facet of how it measured that row; these are read from "
-                     f"its public code or chosen by us ({named}; sources in results/paper).")
-        lines.append(line + " Every known departure from the papers, with its reason: docs/departures.md.")
+        lines.append(paper_legend(cells, papers))
     elif papers:
         lines.append(f"No paper ({shown}) has a number for these cells: the paper columns are left out.")
     if any(c.derived for c in columns):
