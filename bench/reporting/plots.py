@@ -65,14 +65,12 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     Returns {"curves": path} or {} when no record has a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
 
     metric = spec.get("metrics", ["accuracy"])[0]
-    key = f"test/{metric}"
     columns = [c for c in columns if not c.derived]
     labels = list(dict.fromkeys(r.label for r in runs))
-    curves = {(label, col.id): mean_curves(runs, records, key, label, col.id) for label in labels for col in columns}
+    curves = {(label, col.id): mean_curves(runs, records, f"test/{metric}", label, col.id)
+              for label in labels for col in columns}
     kinds = row_kinds(runs, records)
     order = {"global": 0, "central": 1, "per-client": 2}
     drawn = sorted((label for label in labels if any(curves[(label, c.id)] is not None for c in columns)),
@@ -86,39 +84,65 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     colours = [f"C{k % 10}" for k in range(len(columns))]
+    refs = {"baseline": baseline, "central": central}
     for ax, label in zip(axes.flat, drawn):
-        kind = kinds[label]
-        for (other, _), curve in curves.items():
-            if other != label and curve is not None and kinds[other] == kind and other != baseline:
-                ax.plot(curve[0], curve[1].mean(0), color="0.8", linewidth=0.7, zorder=1)
-        seeds = 0
-        for col, colour in zip(columns, colours):
-            curve = curves[(label, col.id)]
-            if kind == "global" and baseline not in (None, label) and curves.get((baseline, col.id)) is not None:
-                ref = curves[(baseline, col.id)]
-                ax.plot(ref[0], ref[1].mean(0), color=colour, linewidth=0.9, linestyle="--", zorder=2)
-            if kind == "global" and central is not None and curves.get((central, col.id)) is not None:
-                ax.axhline(curves[(central, col.id)][1].mean(0)[-1], color=colour, linewidth=0.8, linestyle=":",
-                           zorder=2)
-            if curve is None:
-                continue
-            xs, ys = curve
-            seeds = max(seeds, len(ys))
-            ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.18, linewidth=0, zorder=2)
-            ax.plot(xs, ys.mean(0), color=colour, linewidth=1.6, zorder=3)
-        suffix = {"global": "", "central": ", reference", "per-client": ", per-client"}[kind]
-        ax.set_title(f"{label} (n={seeds}{suffix})", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(drawn):]:
+        draw_panel(ax, label, kinds, curves, columns, colours, refs)
+    label_axes(axes, len(drawn), ncols, metric)
+    curves_legend(fig, columns, colours, baseline, central)
+    fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
+                 fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+    _save(fig, path)
+    return {"curves": str(path)}
+
+
+def draw_panel(ax, label: str, kinds: dict, curves: dict, columns: list, colours: list[str], refs: dict) -> None:
+    """One row's panel: the other rows of its kind in grey, then per column the baseline (dashed) and
+    Central's final value (dotted) on global-model panels, and the row's band and mean curve."""
+    kind, baseline, central = kinds[label], refs["baseline"], refs["central"]
+    for (other, _), curve in curves.items():
+        if other != label and curve is not None and kinds[other] == kind and other != baseline:
+            ax.plot(curve[0], curve[1].mean(0), color="0.8", linewidth=0.7, zorder=1)
+    seeds = 0
+    for col, colour in zip(columns, colours):
+        curve = curves[(label, col.id)]
+        if kind == "global" and baseline not in (None, label) and curves.get((baseline, col.id)) is not None:
+            ref = curves[(baseline, col.id)]
+            ax.plot(ref[0], ref[1].mean(0), color=colour, linewidth=0.9, linestyle="--", zorder=2)
+        if kind == "global" and central is not None and curves.get((central, col.id)) is not None:
+            ax.axhline(curves[(central, col.id)][1].mean(0)[-1], color=colour, linewidth=0.8, linestyle=":",
+                       zorder=2)
+        if curve is None:
+            continue
+        xs, ys = curve
+        seeds = max(seeds, len(ys))
+        ax.fill_between(xs, ys.min(0), ys.max(0), color=colour, alpha=0.18, linewidth=0, zorder=2)
+        ax.plot(xs, ys.mean(0), color=colour, linewidth=1.6, zorder=3)
+    suffix = {"global": "", "central": ", reference", "per-client": ", per-client"}[kind]
+    ax.set_title(f"{label} (n={seeds}{suffix})", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
+def label_axes(axes, drawn: int, ncols: int, metric: str) -> None:
+    """Hide the unused panels; the metric on the left column, integer rounds under each column's lowest panel."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in list(axes.flat)[drawn:]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel(f"test {metric} (%)", fontsize=7)
-    for i, ax in enumerate(list(axes.flat)[:len(drawn)]):
+    for i, ax in enumerate(list(axes.flat)[:drawn]):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers: no 2.5 tick
-        if i + ncols >= len(drawn):  # the lowest panel of its column: the round axis is labelled
+        if i + ncols >= drawn:  # the lowest panel of its column: the round axis is labelled
             ax.xaxis.set_tick_params(labelbottom=True)
             ax.set_xlabel("round", fontsize=7)
+
+
+def curves_legend(fig, columns: list, colours: list[str], baseline: str | None, central: str | None) -> None:
+    """One legend over the panels: the columns' colours, the reference lines and the grey rows."""
+    from matplotlib.lines import Line2D
+
     handles = [Line2D([], [], color=c, linewidth=1.6) for c in colours]
     names = [col.label.replace("=", " = ") for col in columns]
     if baseline is not None:
@@ -131,11 +155,6 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     names.append("other rows of the kind")
     fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
-    fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
-                 fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
-    _save(fig, path)
-    return {"curves": str(path)}
 
 
 def plot_partitions(spec: dict, runs: list, records: dict[int, dict], out_dir: Path, name: str,
