@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Self
 
 import torch
@@ -196,46 +197,72 @@ def train_generator(
     if not (use_sem or use_div or use_dis):
         raise FedbenchError("train_generator: every loss term is disabled (use_sem, use_div, use_dis).")
     device = _module_device(generator)
-    dist = distribution.to(device)
+    objective = GeneratorObjective(teacher_forward, teacher_model, distribution.to(device), tau, lambda_div,
+                                   lambda_dis, normalise, (use_sem, use_div, use_dis), sem_loss)
     rng = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(generator.parameters(), lr=lr, betas=(0.5, 0.999))
+    terms: list[torch.Tensor] = []  # per step [loss, sem, div, dis], detached: read once at the end (no host
+    with teacher_frozen(teacher_model, generator):  # sync per step on a GPU)
+        for _ in range(steps):
+            labels = torch.randint(objective.dist.num_classes, (batch_size,), generator=rng).to(device)
+            z = objective.dist.sample(labels, generator=rng, noise_only=noise_only)
+            loss, step_terms = objective.losses(generator(z), z, labels)
+            terms.append(step_terms)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return last_finite_losses(torch.stack(terms).tolist())  # the one read of the losses
+
+
+class GeneratorObjective:
+    """L = L_sem + lambda_div L_div + lambda_dis L_dis of generated images against the frozen teacher;
+    ``use`` switches (sem, div, dis) on or off; ``sem_loss(h, labels)`` replaces the LKCC surrogate."""
+
+    def __init__(self, teacher_forward, teacher_model: nn.Module, dist: ConceptDistribution, tau: float,
+                 lambda_div: float, lambda_dis: float, normalise, use: tuple[bool, bool, bool], sem_loss=None):
+        self.teacher_forward, self.teacher_model, self.dist, self.tau = teacher_forward, teacher_model, dist, tau
+        self.lambda_div, self.lambda_dis, self.normalise, self.sem_loss = lambda_div, lambda_dis, normalise, sem_loss
+        self.use_sem, self.use_div, self.use_dis = use
+
+    def losses(self, images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, detached [L, sem, div, dis]) of one generated batch."""
+        with BNStatisticsHook(self.teacher_model) as hook:
+            h = self.teacher_forward(self.normalise(images) if self.normalise is not None else images)
+        zero = images.new_zeros(())
+        if not self.use_sem:
+            sem = zero
+        elif self.sem_loss is not None:
+            sem = self.sem_loss(h, labels)
+        else:
+            sem = lkcc_surrogate_loss(h, labels, self.dist.mu, self.dist.sigma_diag, self.tau)
+        div = diversity_loss(images, z, labels, self.dist.num_classes) if self.use_div else zero
+        dis = hook.loss() if self.use_dis else zero
+        loss = sem + self.lambda_div * div + self.lambda_dis * dis
+        return loss, torch.stack([t.detach().to(loss.dtype).reshape(()) for t in (loss, sem, div, dis)])
+
+
+@contextmanager
+def teacher_frozen(teacher_model: nn.Module, generator: nn.Module):
+    """The teacher in eval mode with gradients off, the generator in train mode; both restored on exit."""
     teacher_was_training = teacher_model.training
     grad_flags = [p.requires_grad for p in teacher_model.parameters()]
     gen_was_training = generator.training
     teacher_model.eval().requires_grad_(False)
     generator.train()
-    terms: list[torch.Tensor] = []  # per step [loss, sem, div, dis], detached: read once at the end (no host
-    try:                                # sync per step on a GPU)
-        for step in range(steps):
-            labels = torch.randint(dist.num_classes, (batch_size,), generator=rng).to(device)
-            z = dist.sample(labels, generator=rng, noise_only=noise_only)
-            images = generator(z)
-            with BNStatisticsHook(teacher_model) as hook:
-                h = teacher_forward(normalise(images) if normalise is not None else images)
-            zero = images.new_zeros(())
-            if not use_sem:
-                sem = zero
-            elif sem_loss is not None:
-                sem = sem_loss(h, labels)
-            else:
-                sem = lkcc_surrogate_loss(h, labels, dist.mu, dist.sigma_diag, tau)
-            div = diversity_loss(images, z, labels, dist.num_classes) if use_div else zero
-            dis = hook.loss() if use_dis else zero
-            loss = sem + lambda_div * div + lambda_dis * dis
-            terms.append(torch.stack([t.detach().to(loss.dtype).reshape(()) for t in (loss, sem, div, dis)]))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        table = torch.stack(terms).tolist()  # the one read of the losses
-        bad = next((step for step, row in enumerate(table) if not math.isfinite(row[0])), None)
-        if bad is not None:
-            loss, sem, div, dis = table[bad]
-            raise FedbenchError(f"Generator loss is {loss} at step {bad} (sem {sem}, div {div}, dis {dis}): "
-                                "lower the generator lr.")
-        last = dict(zip(("loss", "sem", "div", "dis"), table[-1]))
+    try:
+        yield
     finally:
         teacher_model.train(teacher_was_training)
         for p, flag in zip(teacher_model.parameters(), grad_flags):
             p.requires_grad_(flag)
         generator.train(gen_was_training)
-    return last
+
+
+def last_finite_losses(table: list[list[float]]) -> dict[str, float]:
+    """The last step's losses; a clear error naming the first step whose loss is not finite."""
+    bad = next((step for step, row in enumerate(table) if not math.isfinite(row[0])), None)
+    if bad is not None:
+        loss, sem, div, dis = table[bad]
+        raise FedbenchError(f"Generator loss is {loss} at step {bad} (sem {sem}, div {div}, dis {dis}): "
+                            "lower the generator lr.")
+    return dict(zip(("loss", "sem", "div", "dis"), table[-1]))
