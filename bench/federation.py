@@ -205,17 +205,43 @@ class Federation:
         return [f"test/{m}" for m in METRIC_NAMES]
 
     def run_round(self, r: int) -> RoundLog:
-        cfg, module = self.cfg, self.module
+        """Sample the round's clients, train this rank's share into the round buffer, all-reduce it once,
+        then aggregate, step the server and evaluate."""
         t0 = time.perf_counter()
-        sampled = sample_clients(cfg.seed, r, len(self.clients), cfg.fed.sample_ratio)
+        sampled = sample_clients(self.cfg.seed, r, len(self.clients), self.cfg.fed.sample_ratio)
         placement = assign_clients(sampled, self.sizes, self.world, self.spread)
-        mine = placement[self.rank]
         keys = self.metric_keys()
-        extra_shapes = dict(module.upload_shapes())
-        extra_shapes[CLIENT_METRICS] = (len(self.clients), len(keys) + 1)
+        buf = self.round_buffer(len(keys))
+        error, seen, train_time = self.train_share(r, placement[self.rank], buf, keys)
+        busy, samples = (torch.zeros(self.world, dtype=torch.float64, device=buf.buf.device) for _ in range(2))
+        busy[self.rank], samples[self.rank] = time.perf_counter() - t0, seen
+        buf.add_extras({RANK_BUSY: busy, RANK_SAMPLES: samples})
+        self.all_reduce_round(buf, r, error)
+        busy_seconds, seen, train_loss = self.apply_round(buf, keys, r)
+        log = RoundLog(r, sampled, lr_for_round(self.cfg, r), train_time, 0.0, seen,
+                       rank_clients=placement, rank_busy_seconds=busy_seconds,
+                       rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
+                       train_loss=train_loss, method_scalars=self.module.round_scalars(r))
+        if self.is_eval_round(r):
+            t = time.perf_counter()
+            log.metrics = self.evaluate(r)
+            log.eval_seconds = time.perf_counter() - t
+        log.round_seconds = time.perf_counter() - t0
+        return log
+
+    def round_buffer(self, n_metrics: int) -> RoundBuffer:
+        """The round's one buffer: shared state, the method's uploads, the per-client metrics table, each
+        rank's busy seconds and samples, and the training-loss sum."""
+        extra_shapes = dict(self.module.upload_shapes())
+        extra_shapes[CLIENT_METRICS] = (len(self.clients), n_metrics + 1)
         extra_shapes[RANK_BUSY] = extra_shapes[RANK_SAMPLES] = (self.world,)
         extra_shapes[TRAIN_LOSS] = (2,)
-        buf = RoundBuffer({k: self.global_state[k].shape for k in self.shared}, extra_shapes, self.fabric.device)
+        return RoundBuffer({k: self.global_state[k].shape for k in self.shared}, extra_shapes, self.fabric.device)
+
+    def train_share(self, r: int, mine: list[int], buf: RoundBuffer, keys: list[str]):
+        """Train this rank's clients of round r into ``buf``: (the first client error or None, samples
+        seen, training seconds). A failing client marks the buffer, so that every rank stops after the
+        all-reduce."""
         error: Exception | None = None
         seen, train_time = 0, 0.0
         for c in mine:
@@ -223,7 +249,7 @@ class Federation:
                 t = time.perf_counter()
                 weight, extras, n, ctx = self.train_client(c, r)
                 check_finite_state(self.model_state, f"after local training in round {r}, client {c}",
-                                   f"Lower method.lr (now {cfg.method.lr:g}, {cfg.method.optimizer}).")
+                                   f"Lower method.lr (now {self.cfg.method.lr:g}, {self.cfg.method.optimizer}).")
                 train_time += time.perf_counter() - t
                 seen += n
                 scores = self.client_eval(ctx)
@@ -240,16 +266,22 @@ class Federation:
             if ctx.losses:
                 extras = {**extras, TRAIN_LOSS: loss_upload(ctx.losses, buf.buf.device)}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
-        busy, samples = (torch.zeros(self.world, dtype=torch.float64, device=buf.buf.device) for _ in range(2))
-        busy[self.rank], samples[self.rank] = time.perf_counter() - t0, seen
-        buf.add_extras({RANK_BUSY: busy, RANK_SAMPLES: samples})
+        return error, seen, train_time
+
+    def all_reduce_round(self, buf: RoundBuffer, r: int, error: Exception | None) -> None:
+        """The round's one all-reduce; then every rank raises a failing client's error (printed once, by
+        rank 0)."""
         if self.world > 1:
             with waiting_on(self.fabric, "the round's aggregation all-reduce"):
                 self.fabric.all_reduce(buf.buf, reduce_op="sum")
-        if buf.failures:  # every rank raises the failing client's own error (printed once, by rank 0)
+        if buf.failures:
             raise error if error is not None else FedbenchError(
                 other_rank_error(self.rank, self.world)
                 or f"Round {r}: a client on another rank failed (see that rank's error above).")
+
+    def apply_round(self, buf: RoundBuffer, keys: list[str], r: int) -> tuple[list[float], int, float | None]:
+        """Aggregate the reduced buffer into the global state, keep the per-client metrics, step the
+        server: (each rank's busy seconds, samples seen over all ranks, the round's mean training loss)."""
         if self.shared:
             copy_into(self.global_state, buf.averaged_state())
         extras = buf.summed_extras()
@@ -260,18 +292,8 @@ class Federation:
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
-        module.server_step(self.global_state, extras, r, self.server)
-        method_scalars = module.round_scalars(r)
-        log = RoundLog(r, sampled, lr_for_round(cfg, r), train_time, 0.0, seen,
-                       rank_clients=placement, rank_busy_seconds=busy_seconds,
-                       rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
-                       train_loss=loss_sum / loss_samples if loss_samples else None, method_scalars=method_scalars)
-        if self.is_eval_round(r):
-            t = time.perf_counter()
-            log.metrics = self.evaluate(r)
-            log.eval_seconds = time.perf_counter() - t
-        log.round_seconds = time.perf_counter() - t0
-        return log
+        self.module.server_step(self.global_state, extras, r, self.server)
+        return busy_seconds, seen, (loss_sum / loss_samples if loss_samples else None)
 
     def test_due(self, r: int, val_metrics: dict[str, float]) -> bool:
         """Whether round r's evaluation scores the test set too: with ``fed.test_rounds: all`` at every
