@@ -53,7 +53,9 @@ class DataConfig:
 class PartitionConfig:
     """How the training set is split into clients (datamodules/partition.py)."""
 
-    scheme: Literal["iid", "dirichlet", "shards", "natural", "dirichlet_missing", "lda", "proportions"] = "dirichlet"
+    # a scheme registered in datamodules/partitions/ (`fedbench list`): iid, dirichlet, dirichlet_missing, shards,
+    # lda, proportions, natural, or one of your own (README, "Adding a partition scheme")
+    scheme: str = "dirichlet"
     num_clients: int = 10
     beta: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_missing; lda's alpha)
     shards_per_client: int = 2

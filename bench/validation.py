@@ -19,6 +19,7 @@ from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
 from datamodules.base import DATASETS, splittable_datasets
 from datamodules.partition import check_per_class_shards
+from datamodules.partitions import PARTITION_SCHEMES
 from lightning_modules.base import METHODS, FederatedModule
 from lightning_modules.components.prompts import load_prompt_file, match_concepts
 
@@ -250,6 +251,7 @@ def check_ranges(cfg: RunConfig) -> None:
     require(finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction",
             "in [0, 1) (0: no validation split, per-client protocol only)", d.val_fraction)
     require(p.num_clients >= 1, "partition.num_clients", ">= 1", p.num_clients)
+    PARTITION_SCHEMES.get(p.scheme)  # an unknown scheme: one error naming the closest and every registered one
     if (p.scheme.startswith("dirichlet") or p.scheme == "lda") and not (finite(p.beta) and p.beta > 0):
         raise PartitionError(f"partition.beta must be > 0, got {p.beta}.")
     require(p.shards_per_client >= 1, "partition.shards_per_client", ">= 1", p.shards_per_client)

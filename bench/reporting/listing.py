@@ -81,10 +81,12 @@ def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
 
 def scheme_descriptions() -> dict[str, str]:
     """Partition scheme -> the first sentence of its description in the docstring of the module that
-    registers it (datamodules/partitions/<file>.py): its ``name`` entry, or the module's first line."""
+    registers it (datamodules/partitions/<file>.py): its ``name`` entry, or the module's first line; the
+    scheme function's own docstring when its module has none."""
     out = {}
     for name in PARTITION_SCHEMES.names():
-        doc = sys.modules[PARTITION_SCHEMES.get(name).__module__].__doc__ or ""
+        scheme = PARTITION_SCHEMES.get(name)
+        doc = getattr(sys.modules.get(scheme.__module__), "__doc__", None) or scheme.__doc__ or ""
         entry = re.search(rf"^``{re.escape(name)}``\n((?:    .*\n?)+)", doc, re.MULTILINE)
         text = entry.group(1) if entry else doc.split("\n\n")[0].removeprefix(f"``{name}``:")
         out[name] = one_line(" ".join(text.replace("``", "").split()))
