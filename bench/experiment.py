@@ -5,6 +5,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -323,6 +324,17 @@ class Prepared:
     idle: list[str]
 
 
+def quiet_library_progress() -> None:
+    """No progress bar of the libraries either (transformers' "Loading weights" of a text encoder, the
+    hub's downloads): their shared switch, read by huggingface_hub when first imported (and by the ranks
+    Fabric starts, which inherit it), and transformers' own when it is already loaded."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+
+
 def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
     """Validate ``cfg`` and resolve where it runs: (config with devices/threads set, how they were chosen);
     the process's threads and CUDA float32 flags are set here."""
@@ -338,6 +350,8 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
         cfg, layout = copy.deepcopy(cfg), "the caller's Fabric"
         cfg.devices = fabric.world_size
     check_outputs(cfg)
+    if not cfg.progress:
+        quiet_library_progress()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     apply_gpu_math(cfg.gpu_math)
