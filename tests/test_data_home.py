@@ -101,7 +101,9 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
     assert f"- 2 of the config's {len(labels)} rows: FedAvg, FedBM" in md and len(labels) > 2
     assert "Weights: resnet18 (from scratch) (FedAvg); resnet18 (from scratch) + text encoder minilm (FedBM)." in md
     rows = [line for line in md.splitlines() if line.startswith("| Fed")]
-    assert [r.split(" | ")[0] for r in rows] == ["| FedAvg", "| FedBM"] and "missing" not in "".join(rows)
+    blocks = [line for line in md.splitlines() if line.startswith("### ")]  # a wide table: one block per β
+    assert blocks == ["### β=0.05", "### β=0.1"]
+    assert [r.split(" | ")[0] for r in rows] == ["| FedAvg", "| FedBM"] * 2 and "missing" not in "".join(rows)
 
 
 def test_table_configs_leave_the_root_to_the_data_home():
