@@ -6,6 +6,7 @@ The offline run files are read directly: ``run-<id>.wandb`` is a LevelDB-style l
 """
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -154,4 +155,15 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
         assert h["time/round_seconds"] >= h["time/train_seconds"] > 0 and h["train/loss"] > 0
     assert {"test/accuracy", "val/accuracy", "reported_round", "round_rule"} <= run["summary"]
     assert run["config"]["row"] == "fedavg" and run["config"]["round_rule"] == "best-val-acc"
-    assert run["metrics"] == {"round": None, "*": "round"}
+    # wandb's Fabric logger adds its own step key to every row (the round again): defined, hidden in the UI
+    assert run["metrics"] == {"round": None, "*": "round", "trainer/global_step": None}
+    assert [h["trainer/global_step"] for h in rows] == [0, 1]
+    # issue 32.3: the rounds reach W&B through fabric.log_dict, which gives the CSV logger the same keys and values
+    (csv_file,) = (tmp_path / "runs" / "wbrun" / "csv").glob("*/version_*/metrics.csv")
+    with csv_file.open() as f:
+        csv_rows = list(csv.DictReader(f))
+    wandb_keys = set(rows[0]) - {"_step", "_runtime", "_timestamp", "trainer/global_step"}
+    assert set(csv_rows[0]) == wandb_keys | {"step"}
+    assert [int(r["step"]) for r in csv_rows] == [0, 1]
+    for h, r in zip(rows, csv_rows):
+        assert {k: float(r[k]) for k in wandb_keys} == pytest.approx({k: h[k] for k in wandb_keys})

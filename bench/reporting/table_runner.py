@@ -253,8 +253,8 @@ def run_option_hint(flag: str, value: str | None) -> str | None:
 def build_parser() -> FlagParser:
     parser = FlagParser(prog="fedbench table", description=__doc__, hint=run_option_hint,
                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only and "
-                               "--wandb may be bare (true) or take true/false.")
+                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only, "
+                               "--wandb and --tensorboard may be bare (true) or take true/false.")
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
@@ -267,6 +267,9 @@ def build_parser() -> FlagParser:
     parser.add_argument("--wandb", nargs="?", const=True, default=None, type=to_bool, metavar="true|false",
                         help="log the runs and the rendered table to W&B (default: the table config's 'wandb', "
                              "else false)")
+    parser.add_argument("--tensorboard", nargs="?", const=True, default=False, type=to_bool, metavar="true|false",
+                        help="also log each run's per-round scalars to TensorBoard, under <output-dir>/<table>/"
+                             "tensorboard (every run logs them to CSV under .../csv)")
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
     parser.add_argument("--data-home", default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
@@ -367,6 +370,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
     for r in runs:
         r.cfg.devices = devices
         r.cfg.threads = r.cfg.threads or threads
+        r.cfg.tensorboard = r.cfg.tensorboard or bool(getattr(args, "tensorboard", False))
         try:
             validate_config(r.cfg)
         except FedbenchError as err:
