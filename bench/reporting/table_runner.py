@@ -320,12 +320,27 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        from bench.reporting.wandb_logger import log_table
-
-        figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
-        table = json.loads(Path(paths["json"]).read_text())
-        print(f"W&B table run: {log_table(table, figures, runs[0].cfg.wandb_project, args.wandb_dir)}")
+        log_to_wandb(runs, spec, paths, args, replay=args.render_only)
     return 0
+
+
+def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, replay: bool) -> None:
+    """The rendered table (a wandb.Table equal to its CSV, and its figures) to W&B; with ``replay``
+    (--render-only --wandb) first every record as the train run a live --wandb run would have logged,
+    without rerunning anything (bench/reporting/wandb_logger.py log_record)."""
+    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags
+
+    project = runs[0].cfg.wandb_project
+    if replay:
+        found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
+        for _, rec in found:  # every record checked before the first is logged
+            replayed_rows(rec)
+        for r, rec in tqdm(found, desc="W&B: records", unit="run"):
+            log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir)
+        print(f"W&B: logged {len(found)} run records with their per-round histories")
+    figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
+    table = json.loads(Path(paths["json"]).read_text())
+    print(f"W&B table run: {log_table(table, paths['csv'], figures, project, args.wandb_dir)}")
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

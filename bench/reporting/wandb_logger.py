@@ -9,30 +9,48 @@ later with ``wandb sync``.
 """
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 from typing import Any
 
 from bench.code_version import code_version
 from bench.config import RunConfig
-from bench.experiment import RunObserver
-
-# the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
-TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
-                 "delta", "p_value", "paper_source", "column", "round_rule", "protocol_differs",
-                 "vs_baseline", "vs_baseline_ci_low", "vs_baseline_ci_high", "vs_baseline_p", "vs_baseline_note"]
-
+from bench.core.errors import FedbenchError
+from bench.experiment import RunObserver, round_scalars
 
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
+# the CSV's text columns (the others are numbers, or empty)
+TEXT_COLUMNS = {"method", "metric", "values", "column", "round_rule", "protocol_differs", "other_papers", "baseline",
+                "paper_source"}
+COUNT_COLUMNS = {"n_seeds", "expected_seeds", "paired_n", "best"}
 
 
-def paired_columns(cell: dict) -> dict[str, Any]:
-    """The paired difference to the table's baseline row (FedAvg unless the config says otherwise) that
-    the markdown table prints: mean over shared seeds, its 95% interval and p, or the note why none."""
-    paired = cell.get("paired") or {}
-    low, high = paired.get("ci95") or (None, None)
-    return {"vs_baseline": paired.get("mean"), "vs_baseline_ci_low": low, "vs_baseline_ci_high": high,
-            "vs_baseline_p": paired.get("p_value"), "vs_baseline_note": cell.get("paired_note")}
+def csv_value(column: str, text: str) -> Any:
+    """A CSV cell as the W&B table holds it: None when empty, text for the text columns, else a number."""
+    if text == "":
+        return None
+    if column in TEXT_COLUMNS:
+        return text
+    try:
+        number = float(text)
+    except ValueError:  # a text column this list does not know yet
+        return text
+    return int(number) if column in COUNT_COLUMNS else number
+
+
+def table_rows(csv_path: str, cells: list[dict]) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows) of the table's W&B copy: every column of the CSV the table wrote, in its order
+    (the paired difference to the baseline with its 95% interval and p, the paper's value, Δ and p,
+    the protocol status, ...), then ``paired_note``, why a row has no paired difference (from the
+    JSON's cells, which are in the CSV's row order)."""
+    with open(csv_path, newline="") as f:
+        header, *lines = list(csv.reader(f))
+    if len(lines) != len(cells):
+        raise FedbenchError(f"{csv_path} has {len(lines)} rows, its JSON {len(cells)} cells: render the table again.")
+    rows = [[csv_value(c, v) for c, v in zip(header, line)] + [cell.get("paired_note")]
+            for line, cell in zip(lines, cells)]
+    return [*header, "paired_note"], rows
 
 
 def default_dir() -> str:
@@ -188,9 +206,11 @@ def run_summary(record: dict) -> dict[str, Any]:
     return out
 
 
-def log_table(table: dict, figures: dict[str, str], project: str, directory: str | None = None) -> str | None:
-    """Log a rendered table (the JSON bench/reporting/tables.py writes) as a wandb.Table, and its PNG figures,
-    in a run of the table's group with job_type "table". Returns the run's local files directory."""
+def log_table(table: dict, csv_path: str, figures: dict[str, str], project: str,
+              directory: str | None = None) -> str | None:
+    """Log a rendered table as a wandb.Table equal to its CSV (``table_rows``; ``table`` is the JSON
+    bench/reporting/tables.py wrote beside it), and its PNG figures, in a run of the table's group with
+    job_type "table". Returns the run's local files directory."""
     import wandb
 
     name = table.get("name") or f"{table['table']}_{table['dataset']}"
@@ -199,12 +219,46 @@ def log_table(table: dict, figures: dict[str, str], project: str, directory: str
     group = table.get("experiment") or name  # the group of the table's runs
     run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
                    directory, job_type="table")
-    rows = [[{**cell, "n_seeds": len(cell.get("values") or []), **paired_columns(cell)}.get(c) for c in TABLE_COLUMNS]
-            for cell in table["cells"]]
-    media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}
+    columns, rows = table_rows(csv_path, table["cells"])
+    media: dict[str, Any] = {RESULTS_KEY: wandb.Table(columns=columns, data=rows)}
     media.update({f"figures/{key.replace(' ', '_')}": wandb.Image(path) for key, path in figures.items() if Path(path).exists()})
     run.log(media)
     run.summary({"cells": len(rows), "missing_cells": sum(cell.get("mean") is None for cell in table["cells"])})
+    run_dir = run.run.dir if run.run is not None else None
+    run.finish()
+    return run_dir
+
+
+RESULTS_KEY = "results"  # the logged table's key (the dashboard's results panel shows it)
+
+
+def replayed_rows(record: dict) -> list[dict[str, Any]]:
+    """A record's per-round scalars as a live run logs them (round_scalars, with ``round``). A record
+    written before the history kept timings, lr and bytes is refused (rerun it)."""
+    per_client = record.get("bytes_per_client_round")
+    try:
+        if per_client is None:
+            raise KeyError("bytes_per_client_round")
+        return [{**round_scalars(e, per_client), "round": e["round"]} for e in record.get("history") or []]
+    except KeyError as err:
+        raise FedbenchError(f"Record {record.get('run_name')!r} lacks {err} (written by older code): rerun it "
+                            "(fedbench table without --render-only) to log its rounds to W&B.") from None
+
+
+def log_record(record: dict, identity: dict[str, Any], tags: list[str], project: str,
+               directory: str | None = None) -> str | None:
+    """One finished run's record as a W&B train run, after the fact: the same group, name, tags, config
+    (the record's config, code version and command-line overrides, with ``identity``) and summary as a
+    live run, and its per-round history through the same Fabric logger at the same steps. Returns
+    the run's local files directory."""
+    config = {**record["config"], "code_version": record.get("code_version"),
+              **({"overrides": record["overrides"]} if record.get("overrides") else {}), **identity}
+    rows = replayed_rows(record)
+    run = WandbRun(True, project, record["experiment"], display_name(identity), tags, config, directory)
+    logger = run.fabric_logger()
+    for row in rows:
+        logger.log_metrics(row, step=row["round"])
+    run.summary({**run_summary(record), **rule_summary(record, identity["round_rule"])})
     run_dir = run.run.dir if run.run is not None else None
     run.finish()
     return run_dir
