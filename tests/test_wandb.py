@@ -231,3 +231,27 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
     assert [int(r["step"]) for r in csv_rows] == [0, 1]
     for h, r in zip(rows, csv_rows):
         assert {k: float(r[k]) for k in wandb_keys} == pytest.approx({k: h[k] for k in wandb_keys})
+
+
+def test_dashboard_preview_draws_what_wandb_holds(wandb_table, tmp_path, capsys):
+    """`fedbench dashboard --preview`: the PNG is drawn from the records as W&B holds them (the same rows
+    and summaries the live train runs logged)."""
+    from bench.reporting.dashboard_preview import logged_runs
+    from bench.reporting.table_runner import load_table_config, plan_runs
+
+    config, runs_dir, _, live_dir = wandb_table
+    spec = load_table_config(str(config))
+    drawn = logged_runs(spec, plan_runs(spec, str(runs_dir), check_records=False))
+    live, _ = train_runs(live_dir)
+    assert sorted(r.row for r in drawn) == sorted(run["config"]["row"] for run in live.values())
+    for r in drawn:
+        run = live[f"{r.row} · β={r.beta:g} · seed 0"]
+        logged = [{k: v for k, v in h.items() if not k.startswith("_") and k != "trainer/global_step"}
+                  for h in run["history"]]
+        assert r.rows == logged
+        assert {k: run["summary_values"][k] for k in r.summary} == r.summary
+    png = tmp_path / "preview.png"
+    assert main(["dashboard", "--config", str(config), "--out", str(tmp_path / "specs"), "--entity", "me",
+                 "--output-dir", str(runs_dir), "--preview", str(png)]) == 0
+    assert f"preview of 3 runs: {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

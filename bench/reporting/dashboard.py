@@ -178,6 +178,9 @@ def build_parser() -> FlagParser:
                         help="offline: the folder the workspace and report specs are written to, as JSON")
     parser.add_argument("--entity", default=None,
                         help="W&B entity (default $WANDB_ENTITY; with a key, else your default entity)")
+    parser.add_argument("--preview", default=None, metavar="PNG",
+                        help="also draw the dashboard's panels from the table's run records into this PNG (offline)")
+    parser.add_argument("--output-dir", default=None, help="where the run records are, for --preview (default results/runs)")
     return parser
 
 
@@ -206,6 +209,13 @@ def publish(view: TableView, entity: str | None) -> list[str]:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     view = table_view(args.config)
+    if args.preview:
+        from bench.reporting.dashboard_preview import draw_preview, logged_runs
+        from bench.reporting.table_runner import load_table_config, plan_runs
+
+        spec = load_table_config(args.config)
+        runs = logged_runs(spec, plan_runs(spec, args.output_dir, check_records=False))
+        print(f"preview of {len(runs)} runs: {draw_preview(view.name, view.metrics, runs, args.preview)}")
     entity = args.entity or os.environ.get("WANDB_ENTITY")
     if has_api_key():
         for url in publish(view, entity):
