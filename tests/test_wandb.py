@@ -255,3 +255,25 @@ def test_dashboard_preview_draws_what_wandb_holds(wandb_table, tmp_path, capsys)
                  "--output-dir", str(runs_dir), "--preview", str(png)]) == 0
     assert f"preview of 3 runs: {png}" in capsys.readouterr().out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tensorboard_without_the_package_is_one_error_before_any_run(tmp_path, monkeypatch, capsys):
+    """--tensorboard (run and table) needs the tensorboard package: without it (as in the locked venv), one
+    error names the fix before any data is loaded or run started."""
+    import lightning.fabric.loggers.tensorboard as tb
+
+    monkeypatch.setattr(tb, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(tb, "_TENSORBOARDX_AVAILABLE", False)
+    spec = {"table": "tb", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy"],
+            "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")}, "fed": {"rounds": 1}},
+            "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}}]}
+    config = tmp_path / "tb.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    runs = tmp_path / "runs"
+    for argv in (["table", "--config", str(config), "--output-dir", str(runs), "--tables-dir", str(tmp_path / "t"),
+                  "--tensorboard"],
+                 ["run", "--data.name", "digits", "--output-dir", str(runs), "--tensorboard", "true"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("fedbench: error:") == 1 and "pip install tensorboard" in err
+        assert not runs.exists() and not (tmp_path / "cache").exists()
