@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
+.PHONY: install lock data table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -47,6 +47,11 @@ install: $(VENV)/.installed data
 
 table2: install
 	$(BIN)/fedbench table --config configs/tables/table2_$(DATASET).yaml $(ARGS)
+
+# The W&B workspace + report of table2 (its runs logged with `make table2 ARGS=--wandb`): saved with a
+# W&B key, else written as JSON under results/dashboards (README "Compare in W&B")
+dashboard: install
+	$(BIN)/fedbench dashboard --config configs/tables/table2_$(DATASET).yaml $(ARGS)
 
 table-ablation: install
 	$(BIN)/fedbench table --config configs/tables/ablation_$(DATASET).yaml $(ARGS)

@@ -8,6 +8,7 @@ or time the hot loop.
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
+    fedbench dashboard --config configs/tables/table2_fashion-mnist.yaml  # a W&B workspace + report for the table
     fedbench bench
 
 Every command takes either spelling of a flag (--output-dir or --output_dir, --data.max-train-samples or
@@ -174,7 +175,7 @@ def run_command(argv: list[str]) -> int:
     return 2
 
 
-COMMANDS = ("list", "run", "table", "regression", "coverage", "bench")
+COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "bench")
 
 
 def command_module(command: str):
@@ -188,6 +189,8 @@ def command_module(command: str):
         from bench.reporting import regression as module
     elif command == "coverage":
         from bench.reporting import coverage as module
+    elif command == "dashboard":
+        from bench.reporting import dashboard as module
     elif command == "bench":
         from bench.reporting import perf as module
     else:

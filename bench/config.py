@@ -148,6 +148,8 @@ class RunConfig:
     save_final_state: bool = field(default=False, metadata=EXECUTION)  # also write the final global state
     wandb: bool = field(default=False, metadata=EXECUTION)
     wandb_project: str = field(default="fedbench", metadata=EXECUTION)
+    # per-round scalars also to TensorBoard (every run logs them to CSV; bench/experiment.py run_loggers)
+    tensorboard: bool = field(default=False, metadata=EXECUTION)
     progress: bool = field(default=True, metadata=EXECUTION)
 
     def record_name(self) -> str:

@@ -1,6 +1,7 @@
 """One experiment end to end: data -> partition -> method -> rounds (or central) -> record."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.loggers import CSVLogger
+from lightning.fabric.loggers import CSVLogger, Logger
 
 from bench.central import as_one_client
 from bench.cluster import fabric_layout
@@ -58,8 +59,13 @@ class RunObserver:
     def start(self, cfg: RunConfig, rank: int) -> None:
         """The run's data and model are built; ``rank`` is this process's global rank."""
 
+    def loggers(self) -> list[Logger]:
+        """Fabric loggers this observer adds to the run (after ``start``; W&B's on rank 0): every round's
+        scalars reach them, with the CSV and TensorBoard loggers, through ``fabric.log_dict``."""
+        return []
+
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        """The metrics of evaluated round ``step``."""
+        """The scalars of round ``step`` (what the run's Fabric loggers received)."""
 
     def summary(self, record: dict[str, Any]) -> None:
         """The finished run's record, before it is written."""
@@ -279,6 +285,43 @@ def round_scalars(entry: dict, per_client: dict[str, int]) -> dict[str, float]:
             "comm/bytes_down": per_client["down"] * clients, "comm/bytes_up": per_client["up"] * clients}
 
 
+def run_loggers(cfg: RunConfig) -> list[Logger]:
+    """The run's own Fabric loggers: CSV (always), under <output_dir>/<experiment>/csv/<run name>, and
+    TensorBoard (cfg.tensorboard; validate_config checks the package is there) under .../tensorboard."""
+    run_dir = Path(cfg.output_dir) / cfg.experiment
+    out: list[Logger] = [CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())]
+    if cfg.tensorboard:
+        from lightning.fabric.loggers import TensorBoardLogger
+
+        out.append(TensorBoardLogger(root_dir=str(run_dir / "tensorboard"), name=cfg.run_name()))
+    return out
+
+
+@contextlib.contextmanager
+def attached_loggers(fabric: Fabric, loggers: list[Logger]):
+    """``loggers`` in ``fabric.loggers`` for the body (a table's runs share one launched Fabric, each with
+    its own loggers); on leaving, each is finalized ("success", or "failed" when the body raised; the CSV
+    file is written then) and taken out again."""
+    fabric.loggers.extend(loggers)
+    status = "failed"
+    try:
+        yield
+        status = "success"
+    finally:
+        for logger in loggers:
+            fabric.loggers.remove(logger)
+            logger.finalize(status)
+
+
+def log_round(fabric: Fabric, observer: RunObserver, entry: dict, per_client: dict[str, int]) -> None:
+    """A finished round's scalars (round_scalars, with ``round``) to every Fabric logger, at step = round,
+    and to the observer. Host floats from the round's history entry: no device sync, no collective (the
+    loggers write on rank 0 only)."""
+    scalars = {**round_scalars(entry, per_client), "round": entry["round"]}
+    fabric.log_dict(scalars, step=entry["round"])
+    observer.log(scalars, step=entry["round"])
+
+
 def execution_record(fabric: Fabric, precision: str) -> dict[str, Any]:
     """How this run executed: ranks, torch threads per rank, the C allocator's policy
     (bench/core/allocator.py), the device, the precision and the CUDA float32 flags in effect
@@ -364,8 +407,7 @@ def launch_with_data(cfg: RunConfig, fabric: Fabric | None):
     if fabric is None:
         dm = setup_datamodule(cfg)
         part = run_partition(cfg, dm)
-        run_dir = Path(cfg.output_dir) / cfg.experiment
-        fabric = make_fabric(cfg, loggers=[CSVLogger(root_dir=str(run_dir / "csv"), name=cfg.run_name())])
+        fabric = make_fabric(cfg)
         fabric.launch()
         if cfg.threads:  # Fabric's launcher sets cores // ranks threads unless OMP_NUM_THREADS is set
             torch.set_num_threads(cfg.threads)
@@ -418,7 +460,7 @@ def federate(run: Prepared, observer: RunObserver, started: float, usage_at_star
         fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
         fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
         per_client = bytes_per_client_round(module)
-        fed.on_round_end = lambda e: observer.log(round_scalars(e, per_client), step=e["round"])
+        fed.on_round_end = lambda e: log_round(fabric, observer, e, per_client)
         # A rank that owns no client (Central on several ranks: its one client lives on rank 0) only waits
         # while the others train, so it must not give up after --timeout.
         with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):
@@ -490,7 +532,9 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     run = prepare_run(cfg, fabric)
     observer = observer or RunObserver()
     observer.start(run.cfg, run.fabric.global_rank)
-    fed, protocol, history, cpu, per_client = federate(run, observer, started, usage_at_start)
+    loggers = run_loggers(run.cfg) + observer.loggers() if run.fabric.global_rank == 0 else []
+    with attached_loggers(run.fabric, loggers):
+        fed, protocol, history, cpu, per_client = federate(run, observer, started, usage_at_start)
     record = build_record(run, fed, protocol, history, cpu, per_client, started, annotations)
     if run.fabric.global_rank == 0:
         for warning in record["warnings"]:

@@ -338,8 +338,7 @@ class Federation:
             log = self.run_round(r)
             entry = vars(log)
             self.history.append(entry)
-            if log.metrics:
-                self.fabric.log_dict({k: v for k, v in log.metrics.items()}, step=r)
+            if log.metrics:  # (on_round_end logs the round: bench/experiment.py log_round)
                 shown = {k.split("/")[-1]: f"{v:.1f}" for k, v in log.metrics.items()
                          if k in ("val/accuracy", "test/accuracy", "test/balanced_accuracy")}
                 bar.set_postfix(shown)

@@ -415,6 +415,17 @@ def check_backbone(cfg: RunConfig) -> None:
         check_backbone_name(cfg.method.backbone)
 
 
+def check_loggers(cfg: RunConfig) -> None:
+    """--tensorboard true needs the tensorboard package (Lightning's TensorBoardLogger writes with it)."""
+    if cfg.tensorboard:
+        from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
+
+        if not (_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE):
+            raise FedbenchError("tensorboard: true needs the tensorboard package, which this environment lacks "
+                                "(pip install tensorboard); every run logs the same per-round scalars to CSV "
+                                "under <output_dir>/<experiment>/csv/ and, with --wandb, to W&B.")
+
+
 def validate_config(cfg: RunConfig) -> None:
     """All checks that need neither decoded data nor a launched Fabric (safe to run for every row of a
     table); a prompts file is matched with the dataset's class names (folder names, for class-folder)."""
@@ -437,3 +448,4 @@ def validate_config(cfg: RunConfig) -> None:
     check_launcher(cfg)
     check_method_args(cfg)
     check_prompts(cfg)
+    check_loggers(cfg)

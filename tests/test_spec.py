@@ -76,7 +76,7 @@ def test_keys_come_from_the_dataclasses():
     assert set(OPTION_GROUPS) == {"data", "partition", "fed", "method"}
     assert execution_keys(RunConfig) == {"devices", "num_nodes", "accelerator", "threads", "output_dir", "checkpoint_dir",
                                          "checkpoint_every", "resume", "timeout", "save_final_state", "wandb",
-                                         "wandb_project", "progress", "channels_last", "compile"}
+                                         "wandb_project", "tensorboard", "progress", "channels_last", "compile"}
     assert ENTRY_KEYS == {"name", "tolerance", "data", "partition", "fed", "method", "seed", "precision", "gpu_math"}
     d = RunConfig().to_dict()
     kept = result_config(d)

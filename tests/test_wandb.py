@@ -6,6 +6,7 @@ The offline run files are read directly: ``run-<id>.wandb`` is a LevelDB-style l
 """
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.reporting.wandb_logger import TABLE_COLUMNS
+from bench.reporting.wandb_logger import TEXT_COLUMNS
 
 BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, length, type)
 
@@ -50,72 +51,136 @@ def offline_run(run_dir: Path) -> dict:
     key = lambda u: u.key or "/".join(u.nested_key)
     history = [{key(i): json.loads(i.value_json) for i in r.history.item}
                for r in recs if r.WhichOneof("record_type") == "history"]
-    summary = {key(u) for r in recs if r.WhichOneof("record_type") == "summary" for u in r.summary.update}
+    summary = {key(u): json.loads(u.value_json) for r in recs if r.WhichOneof("record_type") == "summary"
+               for u in r.summary.update}
     metrics = {(m.name or m.glob_name): (m.step_metric or None) for r in recs
                if r.WhichOneof("record_type") == "metric" for m in [r.metric]}
     return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "tags": set(run.tags),
             "config": {u.key: json.loads(u.value_json) for u in run.config.update}, "history": history,
-            "summary": summary, "dir": run_dir, "metrics": metrics}
+            "summary": set(summary), "summary_values": summary, "dir": run_dir, "metrics": metrics}
 
 
-def test_table_runs_and_table_are_logged_offline(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+FEDPROX = {"FedProx μ=0.01": 0.01, "FedProx μ=0.1": 0.1}  # two rows of one method
+
+
+@pytest.fixture(scope="module")
+def wandb_table(tmp_path_factory):
+    """A three-row table (FedAvg and FedProx at two mu values; digits, 3 clients, 2 rounds, 1 seed) run with
+    --wandb offline: (config path, runs dir, tables dir, W&B dir)."""
+    tmp = tmp_path_factory.mktemp("wbtable")
     spec = {
         "table": "wbtest", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy", "f1"],
-        "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")},
-                 "partition": {"num_clients": 4, "min_size": 10},
+        "base": {"data": {"name": "digits", "cache_dir": str(tmp / "cache")},
+                 "partition": {"num_clients": 3, "min_size": 10},
                  "fed": {"rounds": 2, "batch_size": 32}, "method": {"backbone": "simple-cnn"}, "threads": 1},
-        "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}},
-                 {"label": "FedProx", "method": {"name": "fedprox", "args": {"mu": 0.01}}}],
+        "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}}]
+        + [{"label": label, "method": {"name": "fedprox", "args": {"mu": mu}}} for label, mu in FEDPROX.items()],
     }
-    config = tmp_path / "wbtest.yaml"
-    config.write_text(yaml.safe_dump(spec))
-    wandb_dir, tables = tmp_path / "wandb", tmp_path / "tables"
-    assert main(["table", "--config", str(config), "--output-dir", str(tmp_path / "runs"),
-                 "--tables-dir", str(tables), "--wandb", "--wandb-dir", str(wandb_dir)]) == 0
-    capsys.readouterr()
+    config = tmp / "wbtest.yaml"
+    config.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    paths = (config, tmp / "runs", tmp / "tables", tmp / "wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        assert main(["table", "--config", str(config), "--output-dir", str(paths[1]), "--tables-dir", str(paths[2]),
+                     "--wandb", "--wandb-dir", str(paths[3])]) == 0
+    return paths
 
+
+def train_runs(wandb_dir: Path) -> tuple[dict[str, dict], dict]:
+    """({display name: train run}, the table run) of the offline runs under ``wandb_dir``."""
     runs = [offline_run(d) for d in sorted((wandb_dir / "wandb").glob("offline-run-*"))]
-    assert len(runs) == 3
-    assert {r["group"] for r in runs} == {"wbtest_digits"}
-    train = {r["name"]: r for r in runs if r["job_type"] == "train"}
+    (table_run,) = [r for r in runs if r["job_type"] == "table"]
+    assert len(runs) == 4 and {r["group"] for r in runs} == {"wbtest_digits"}
+    return {r["name"]: r for r in runs if r["job_type"] == "train"}, table_run
+
+
+def table_cells(tables: Path) -> dict[tuple[str, str], dict]:
+    return {(c["method"], c["metric"]): c for c in json.loads((tables / "wbtest_digits.json").read_text())["cells"]}
+
+
+def test_table_runs_and_table_are_logged_offline(wandb_table):
+    _, _, tables, wandb_dir = wandb_table
+    train, table_run = train_runs(wandb_dir)
     # issue 32: a run is named as the table reads, and its config says which table row it fills
-    assert set(train) == {"FedAvg · β=0.5 · seed 0", "FedProx · β=0.5 · seed 0"}
-    fedavg, fedprox = train["FedAvg · β=0.5 · seed 0"], train["FedProx · β=0.5 · seed 0"]
-    for run, row, method in ((fedavg, "FedAvg", "fedavg"), (fedprox, "FedProx", "fedprox")):
+    assert set(train) == {f"{label} · β=0.5 · seed 0" for label in ["FedAvg", *FEDPROX]}
+    cells = table_cells(tables)
+    for row, method in (("FedAvg", "fedavg"), *((label, "fedprox") for label in FEDPROX)):
+        run = train[f"{row} · β=0.5 · seed 0"]
         assert {k: run["config"][k] for k in ("table", "row", "dataset", "partition_key", "beta", "seed",
                                                 "protocol", "round_rule", "overridden")} == {
             "table": "wbtest", "row": row, "dataset": "digits", "partition_key": "dirichlet-0.5",
             "beta": 0.5, "seed": 0, "protocol": "global", "round_rule": "best-val-acc", "overridden": False}
-        assert run["config"]["method"]["name"] == method
-    assert fedavg["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
-    assert fedavg["config"]["method"]["name"] == "fedavg" and fedavg["config"]["fed"]["rounds"] == 2
-    assert "code_version" in fedavg["config"]
-    steps = [h["_step"] for h in fedavg["history"] if "test/accuracy" in h]
-    assert steps == [0, 1]  # one history row per round
-    assert {"best/test/accuracy", "final/test/accuracy", "best_round"} <= fedavg["summary"]
+        assert run["config"]["method"]["name"] == method and run["config"]["fed"]["rounds"] == 2
+        assert run["config"]["method"]["args"] == ({"mu": FEDPROX[row]} if row in FEDPROX else {})
+        assert run["tags"] == {method, "digits", "dirichlet", "beta=0.5", "seed=0"} and "code_version" in run["config"]
+        # every round, with round as the step: loss, lr, seconds, bytes
+        rounds = [h for h in run["history"] if "lr" in h]
+        assert [h["round"] for h in rounds] == [0, 1] and [h["_step"] for h in rounds] == [0, 1]
+        for h in rounds:
+            assert h["train/loss"] > 0 and h["lr"] == 0.01 and h["clients_trained"] == 3
+            assert h["time/round_seconds"] >= h["time/train_seconds"] > 0 and h["time/eval_seconds"] > 0
+            assert h["comm/bytes_up"] == h["comm/bytes_down"] > 0 and 0 <= h["test/accuracy"] <= 100
+        assert run["metrics"]["*"] == "round"
+        # the summary holds the table's cell for this row and seed (one seed: the cell's mean)
+        assert {"best/test/accuracy", "final/test/accuracy", "best_round"} <= run["summary"]
+        for metric in ("accuracy", "f1"):
+            assert run["summary_values"][f"test/{metric}"] == pytest.approx(cells[(row, metric)]["mean"], abs=1e-9)
+        reported = run["summary_values"]["reported_round"]
+        assert run["summary_values"]["test/accuracy"] == next(h["test/accuracy"] for h in rounds if h["round"] == reported)
 
-    (table_run,) = [r for r in runs if r["job_type"] == "table"]
+    # the results table equals the CSV on disk, paired columns (Δ vs FedAvg, interval, p) included
     assert table_run["tags"] == {"table", "wbtest", "digits"}
     (logged,) = (table_run["dir"] / "files" / "media" / "table").glob("*.table.json")
     logged = json.loads(logged.read_text())
-    assert logged["columns"] == TABLE_COLUMNS
-    rendered = json.loads((tables / "wbtest_digits.json").read_text())["cells"]
-    assert [row[:5] for row in logged["data"]] == [[c["method"], c["beta"], c["metric"], c["mean"], c["std"]]
-                                                   for c in rendered]
-    assert len(logged["data"]) == 4 and all(row[3] is not None and row[5] == 1 for row in logged["data"])
-    # the paired difference to the baseline (FedAvg), as the markdown table prints it (one seed: no interval)
-    paired = {(row[0], row[2]): dict(zip(TABLE_COLUMNS, row)) for row in logged["data"]}
-    by_cell = {(c["method"], c["metric"]): c for c in rendered}
+    with (tables / "wbtest_digits.csv").open() as f:
+        header, *lines = list(csv.reader(f))
+    assert logged["columns"] == [*header, "paired_note"]
+    assert {"paired_mean", "paired_ci95_low", "paired_ci95_high", "paired_p", "paper_mean", "protocol_differs",
+            "delta", "p_value"} <= set(header)
+    assert len(logged["data"]) == len(lines) == 6
+    for row, line in zip(logged["data"], lines):
+        assert ["" if v is None else v for v in row[:len(header)]] == [
+            float(x) if x and k not in TEXT_COLUMNS else (int(x) if k == "n_seeds" else x) for k, x in zip(header, line)]
+    paired = {(row[0], row[2]): dict(zip(logged["columns"], row)) for row in logged["data"]}
     for metric in ("accuracy", "f1"):
-        assert paired[("FedAvg", metric)]["vs_baseline_note"] == "baseline"
-        fedprox = paired[("FedProx", metric)]
-        assert fedprox["vs_baseline"] == pytest.approx(by_cell[("FedProx", metric)]["mean"]
-                                                       - by_cell[("FedAvg", metric)]["mean"])
-        assert fedprox["vs_baseline_ci_low"] is None and fedprox["vs_baseline_note"] is None
+        assert paired[("FedAvg", metric)]["paired_note"] == "baseline"
+        for label in FEDPROX:  # one seed: a difference, no interval
+            assert paired[(label, metric)]["paired_mean"] == pytest.approx(
+                cells[(label, metric)]["mean"] - cells[("FedAvg", metric)]["mean"])
+            assert paired[(label, metric)]["paired_ci95_low"] is None and paired[(label, metric)]["n_seeds"] == 1
     images = list((table_run["dir"] / "files" / "media" / "images").rglob("*.png"))
     assert len(images) == 2  # the curves and the partition heatmap
+
+
+def test_render_only_wandb_logs_the_records_without_training(wandb_table, tmp_path, monkeypatch, capsys):
+    """`fedbench table --render-only --wandb` after the fact: one train run per record with the live run's
+    identity, config, per-round history and summary; nothing is run and no record is written."""
+    config, runs_dir, _, live_dir = wandb_table
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import bench.experiment
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("--render-only ran an experiment")
+
+    monkeypatch.setattr(bench.experiment, "run_experiment", no_training)
+    records = {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*.json")}
+    assert main(["table", "--config", str(config), "--output-dir", str(runs_dir), "--tables-dir", str(tmp_path / "t"),
+                 "--render-only", "--wandb", "--wandb-dir", str(tmp_path / "wandb")]) == 0
+    assert "logged 3 run records" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*.json")} == records
+    live, _ = train_runs(live_dir)
+    replayed, _ = train_runs(tmp_path / "wandb")
+    assert set(replayed) == set(live)
+    def kept(d: dict) -> dict:  # without W&B's own timing keys (_runtime, _timestamp, _wandb/runtime)
+        return {k: v for k, v in d.items() if not k.startswith("_") or k == "_step"}
+
+    for name, run in replayed.items():
+        assert (run["group"], run["tags"], run["config"]) == (live[name]["group"], live[name]["tags"], live[name]["config"])
+        assert [kept(h) for h in run["history"]] == [kept(h) for h in live[name]["history"]]
+        assert kept(run["summary_values"]) == kept(live[name]["summary_values"])
+        assert run["metrics"] == live[name]["metrics"]
 
 
 @pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
@@ -154,4 +219,61 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
         assert h["time/round_seconds"] >= h["time/train_seconds"] > 0 and h["train/loss"] > 0
     assert {"test/accuracy", "val/accuracy", "reported_round", "round_rule"} <= run["summary"]
     assert run["config"]["row"] == "fedavg" and run["config"]["round_rule"] == "best-val-acc"
-    assert run["metrics"] == {"round": None, "*": "round"}
+    # wandb's Fabric logger adds its own step key to every row (the round again): defined, hidden in the UI
+    assert run["metrics"] == {"round": None, "*": "round", "trainer/global_step": None}
+    assert [h["trainer/global_step"] for h in rows] == [0, 1]
+    # issue 32.3: the rounds reach W&B through fabric.log_dict, which gives the CSV logger the same keys and values
+    (csv_file,) = (tmp_path / "runs" / "wbrun" / "csv").glob("*/version_*/metrics.csv")
+    with csv_file.open() as f:
+        csv_rows = list(csv.DictReader(f))
+    wandb_keys = set(rows[0]) - {"_step", "_runtime", "_timestamp", "trainer/global_step"}
+    assert set(csv_rows[0]) == wandb_keys | {"step"}
+    assert [int(r["step"]) for r in csv_rows] == [0, 1]
+    for h, r in zip(rows, csv_rows):
+        assert {k: float(r[k]) for k in wandb_keys} == pytest.approx({k: h[k] for k in wandb_keys})
+
+
+def test_dashboard_preview_draws_what_wandb_holds(wandb_table, tmp_path, capsys):
+    """`fedbench dashboard --preview`: the PNG is drawn from the records as W&B holds them (the same rows
+    and summaries the live train runs logged)."""
+    from bench.reporting.dashboard_preview import logged_runs
+    from bench.reporting.table_runner import load_table_config, plan_runs
+
+    config, runs_dir, _, live_dir = wandb_table
+    spec = load_table_config(str(config))
+    drawn = logged_runs(spec, plan_runs(spec, str(runs_dir), check_records=False))
+    live, _ = train_runs(live_dir)
+    assert sorted(r.row for r in drawn) == sorted(run["config"]["row"] for run in live.values())
+    for r in drawn:
+        run = live[f"{r.row} · β={r.beta:g} · seed 0"]
+        logged = [{k: v for k, v in h.items() if not k.startswith("_") and k != "trainer/global_step"}
+                  for h in run["history"]]
+        assert r.rows == logged
+        assert {k: run["summary_values"][k] for k in r.summary} == r.summary
+    png = tmp_path / "preview.png"
+    assert main(["dashboard", "--config", str(config), "--out", str(tmp_path / "specs"), "--entity", "me",
+                 "--output-dir", str(runs_dir), "--preview", str(png)]) == 0
+    assert f"preview of 3 runs: {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tensorboard_without_the_package_is_one_error_before_any_run(tmp_path, monkeypatch, capsys):
+    """--tensorboard (run and table) needs the tensorboard package: without it (as in the locked venv), one
+    error names the fix before any data is loaded or run started."""
+    import lightning.fabric.loggers.tensorboard as tb
+
+    monkeypatch.setattr(tb, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(tb, "_TENSORBOARDX_AVAILABLE", False)
+    spec = {"table": "tb", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy"],
+            "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")}, "fed": {"rounds": 1}},
+            "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}}]}
+    config = tmp_path / "tb.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    runs = tmp_path / "runs"
+    for argv in (["table", "--config", str(config), "--output-dir", str(runs), "--tables-dir", str(tmp_path / "t"),
+                  "--tensorboard"],
+                 ["run", "--data.name", "digits", "--output-dir", str(runs), "--tensorboard", "true"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("fedbench: error:") == 1 and "pip install tensorboard" in err
+        assert not runs.exists() and not (tmp_path / "cache").exists()

@@ -289,8 +289,8 @@ def run_option_hint(flag: str, value: str | None) -> str | None:
 def build_parser() -> FlagParser:
     parser = FlagParser(prog="fedbench table", description=__doc__, hint=run_option_hint,
                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only and "
-                               "--wandb may be bare (true) or take true/false.")
+                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only, "
+                               "--wandb and --tensorboard may be bare (true) or take true/false.")
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
@@ -303,6 +303,9 @@ def build_parser() -> FlagParser:
     parser.add_argument("--wandb", nargs="?", const=True, default=None, type=to_bool, metavar="true|false",
                         help="log the runs and the rendered table to W&B (default: the table config's 'wandb', "
                              "else false)")
+    parser.add_argument("--tensorboard", nargs="?", const=True, default=False, type=to_bool, metavar="true|false",
+                        help="also log each run's per-round scalars to TensorBoard, under <output-dir>/<table>/"
+                             "tensorboard (every run logs them to CSV under .../csv)")
     parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
     parser.add_argument("--data-home", default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
@@ -353,12 +356,27 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        from bench.reporting.wandb_logger import log_table
-
-        figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
-        table = json.loads(Path(paths["json"]).read_text())
-        print(f"W&B table run: {log_table(table, figures, runs[0].cfg.wandb_project, args.wandb_dir)}")
+        log_to_wandb(runs, spec, paths, args, replay=args.render_only)
     return 0
+
+
+def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, replay: bool) -> None:
+    """The rendered table (a wandb.Table equal to its CSV, and its figures) to W&B; with ``replay``
+    (--render-only --wandb) first every record as the train run a live --wandb run would have logged,
+    without rerunning anything (bench/reporting/wandb_logger.py log_record)."""
+    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags
+
+    project = runs[0].cfg.wandb_project
+    if replay:
+        found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
+        for _, rec in found:  # every record checked before the first is logged
+            replayed_rows(rec)
+        for r, rec in tqdm(found, desc="W&B: records", unit="run"):
+            log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir)
+        print(f"W&B: logged {len(found)} run records with their per-round histories")
+    figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
+    table = json.loads(Path(paths["json"]).read_text())
+    print(f"W&B table run: {log_table(table, paths['csv'], figures, project, args.wandb_dir)}")
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -405,6 +423,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
     devices, threads = table_devices(runs, args.devices, spec.get("devices"), args.jobs)
     for r in runs:
         r.cfg.devices = devices
+        r.cfg.tensorboard = r.cfg.tensorboard or bool(getattr(args, "tensorboard", False))
         try:
             validate_config(r.cfg)
         except FedbenchError as err:

@@ -9,27 +9,48 @@ later with ``wandb sync``.
 """
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 from typing import Any
 
 from bench.code_version import code_version
 from bench.config import RunConfig
-from bench.experiment import RunObserver
+from bench.core.errors import FedbenchError
+from bench.experiment import RunObserver, round_scalars
 
-# the table's cell fields, in column order (bench/reporting/tables.py writes them to <table>.json)
-TABLE_COLUMNS = ["method", "beta", "metric", "mean", "std", "n_seeds", "expected", "paper_mean", "paper_std",
-                 "delta", "p_value", "paper_source", "column", "round_rule", "protocol_differs",
-                 "vs_baseline", "vs_baseline_ci_low", "vs_baseline_ci_high", "vs_baseline_p", "vs_baseline_note"]
+FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
+# the CSV's text columns (the others are numbers, or empty)
+TEXT_COLUMNS = {"method", "metric", "values", "column", "round_rule", "protocol_differs", "other_papers", "baseline",
+                "paper_source"}
+COUNT_COLUMNS = {"n_seeds", "expected_seeds", "paired_n", "best"}
 
 
-def paired_columns(cell: dict) -> dict[str, Any]:
-    """The paired difference to the table's baseline row (FedAvg unless the config says otherwise) that
-    the markdown table prints: mean over shared seeds, its 95% interval and p, or the note why none."""
-    paired = cell.get("paired") or {}
-    low, high = paired.get("ci95") or (None, None)
-    return {"vs_baseline": paired.get("mean"), "vs_baseline_ci_low": low, "vs_baseline_ci_high": high,
-            "vs_baseline_p": paired.get("p_value"), "vs_baseline_note": cell.get("paired_note")}
+def csv_value(column: str, text: str) -> Any:
+    """A CSV cell as the W&B table holds it: None when empty, text for the text columns, else a number."""
+    if text == "":
+        return None
+    if column in TEXT_COLUMNS:
+        return text
+    try:
+        number = float(text)
+    except ValueError:  # a text column this list does not know yet
+        return text
+    return int(number) if column in COUNT_COLUMNS else number
+
+
+def table_rows(csv_path: str, cells: list[dict]) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows) of the table's W&B copy: every column of the CSV the table wrote, in its order
+    (the paired difference to the baseline with its 95% interval and p, the paper's value, Δ and p,
+    the protocol status, ...), then ``paired_note``, why a row has no paired difference (from the
+    JSON's cells, which are in the CSV's row order)."""
+    with open(csv_path, newline="") as f:
+        header, *lines = list(csv.reader(f))
+    if len(lines) != len(cells):
+        raise FedbenchError(f"{csv_path} has {len(lines)} rows, its JSON {len(cells)} cells: render the table again.")
+    rows = [[csv_value(c, v) for c, v in zip(header, line)] + [cell.get("paired_note")]
+            for line, cell in zip(lines, cells)]
+    return [*header, "paired_note"], rows
 
 
 def default_dir() -> str:
@@ -97,6 +118,19 @@ class WandbRun:
         self.run = wandb.init(project=project, group=group, name=name, tags=tags, config=config, dir=directory,
                               mode=mode, job_type=job_type, reinit="finish_previous")
 
+    def fabric_logger(self):
+        """wandb's Fabric logger (wandb.integration.lightning.fabric.WandbLogger) on this run, with ``round``
+        as the x-axis of every per-round chart; None when disabled. The logger adds its own step key
+        (trainer/global_step, the round again) to each row: hidden in the UI."""
+        if self.run is None:
+            return None
+        from wandb.integration.lightning.fabric import WandbLogger  # (warns once: "tested with Fabric 2.1.3")
+
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
+        self.run.define_metric(FABRIC_STEP, hidden=True)
+        return WandbLogger(experiment=self.run)
+
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:
             self.run.log(metrics, step=step)
@@ -113,7 +147,9 @@ class WandbRun:
 
 class WandbObserver(RunObserver):
     """Logs one experiment run (run_experiment's observer) to W&B on rank 0: config with the code
-    version, tags, per-round metrics and the summary of the final record."""
+    version and the run's identity, tags, the summary at the table's round rule. The per-round scalars
+    go through Fabric: ``loggers()`` gives run_experiment wandb's Fabric logger on this run, which
+    ``fabric.log_dict`` feeds with the same keys as the CSV (and TensorBoard) logger."""
 
     def __init__(self, directory: str | None = None, annotations: dict[str, Any] | None = None,
                  identity: dict[str, Any] | None = None) -> None:
@@ -121,19 +157,18 @@ class WandbObserver(RunObserver):
         self.annotations = dict(annotations or {})  # extra config entries, e.g. a table's command-line overrides
         self.identity = identity  # run_identity(...) of its table row; None: a single run's own
         self.run: WandbRun | None = None
+        self.logger = None
 
     def start(self, cfg: RunConfig, rank: int) -> None:
         self.identity = self.identity or run_identity(cfg, overridden=bool(self.annotations))
         self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, display_name(self.identity), run_tags(cfg),
                             {**cfg.to_dict(), "code_version": code_version(), **self.annotations, **self.identity},
                             self.directory)
-        if self.run.run is not None:  # rounds are the x-axis of every per-round chart
-            self.run.run.define_metric("round")
-            self.run.run.define_metric("*", step_metric="round")
+        self.logger = self.run.fabric_logger()
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.run is not None:
-            self.run.log({**metrics, "round": step}, step=step)
+    def loggers(self) -> list:
+        """W&B's own Fabric logger on this run (rank 0): run_experiment's fabric.log_dict reaches it."""
+        return [] if self.logger is None else [self.logger]
 
     def summary(self, record: dict[str, Any]) -> None:
         if self.run is not None:
@@ -171,9 +206,11 @@ def run_summary(record: dict) -> dict[str, Any]:
     return out
 
 
-def log_table(table: dict, figures: dict[str, str], project: str, directory: str | None = None) -> str | None:
-    """Log a rendered table (the JSON bench/reporting/tables.py writes) as a wandb.Table, and its PNG figures,
-    in a run of the table's group with job_type "table". Returns the run's local files directory."""
+def log_table(table: dict, csv_path: str, figures: dict[str, str], project: str,
+              directory: str | None = None) -> str | None:
+    """Log a rendered table as a wandb.Table equal to its CSV (``table_rows``; ``table`` is the JSON
+    bench/reporting/tables.py wrote beside it), and its PNG figures, in a run of the table's group with
+    job_type "table". Returns the run's local files directory."""
     import wandb
 
     name = table.get("name") or f"{table['table']}_{table['dataset']}"
@@ -182,12 +219,46 @@ def log_table(table: dict, figures: dict[str, str], project: str, directory: str
     group = table.get("experiment") or name  # the group of the table's runs
     run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
                    directory, job_type="table")
-    rows = [[{**cell, "n_seeds": len(cell.get("values") or []), **paired_columns(cell)}.get(c) for c in TABLE_COLUMNS]
-            for cell in table["cells"]]
-    media: dict[str, Any] = {"results": wandb.Table(columns=TABLE_COLUMNS, data=rows)}
+    columns, rows = table_rows(csv_path, table["cells"])
+    media: dict[str, Any] = {RESULTS_KEY: wandb.Table(columns=columns, data=rows)}
     media.update({f"figures/{key.replace(' ', '_')}": wandb.Image(path) for key, path in figures.items() if Path(path).exists()})
     run.log(media)
     run.summary({"cells": len(rows), "missing_cells": sum(cell.get("mean") is None for cell in table["cells"])})
+    run_dir = run.run.dir if run.run is not None else None
+    run.finish()
+    return run_dir
+
+
+RESULTS_KEY = "results"  # the logged table's key (the dashboard's results panel shows it)
+
+
+def replayed_rows(record: dict) -> list[dict[str, Any]]:
+    """A record's per-round scalars as a live run logs them (round_scalars, with ``round``). A record
+    written before the history kept timings, lr and bytes is refused (rerun it)."""
+    per_client = record.get("bytes_per_client_round")
+    try:
+        if per_client is None:
+            raise KeyError("bytes_per_client_round")
+        return [{**round_scalars(e, per_client), "round": e["round"]} for e in record.get("history") or []]
+    except KeyError as err:
+        raise FedbenchError(f"Record {record.get('run_name')!r} lacks {err} (written by older code): rerun it "
+                            "(fedbench table without --render-only) to log its rounds to W&B.") from None
+
+
+def log_record(record: dict, identity: dict[str, Any], tags: list[str], project: str,
+               directory: str | None = None) -> str | None:
+    """One finished run's record as a W&B train run, after the fact: the same group, name, tags, config
+    (the record's config, code version and command-line overrides, with ``identity``) and summary as a
+    live run, and its per-round history through the same Fabric logger at the same steps. Returns
+    the run's local files directory."""
+    config = {**record["config"], "code_version": record.get("code_version"),
+              **({"overrides": record["overrides"]} if record.get("overrides") else {}), **identity}
+    rows = replayed_rows(record)
+    run = WandbRun(True, project, record["experiment"], display_name(identity), tags, config, directory)
+    logger = run.fabric_logger()
+    for row in rows:
+        logger.log_metrics(row, step=row["round"])
+    run.summary({**run_summary(record), **rule_summary(record, identity["round_rule"])})
     run_dir = run.run.dir if run.run is not None else None
     run.finish()
     return run_dir

@@ -1,0 +1,93 @@
+"""`fedbench dashboard` (issue 32.5): the W&B workspace and report of a table, built offline from its config
+with wandb-workspaces (whose private serializer, pinned in requirements.lock, this covers): a section per
+metric, curves over rounds grouped by row (one report panel per β), the round-rule summary per row,
+training, communication and time panels, the results table; written as JSON without any network call."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import yaml
+from conftest import REPO
+
+from bench.cli import main
+
+CONFIG = REPO / "configs" / "tables" / "table2_fashion-mnist.yaml"
+SECTIONS = ["test/accuracy", "test/f1", "training", "communication", "time", "results"]
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No key, no netrc, and any connection attempt fails the test."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_ENTITY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the dashboard spec was built with a network call")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+
+
+def panels(section: dict) -> list[tuple[str, dict]]:
+    return [(p["viewType"], p["config"]) for p in section["panels"]]
+
+
+def test_dashboard_spec_offline(offline, tmp_path, capsys):
+    spec = yaml.safe_load(CONFIG.read_text())
+    assert main(["dashboard", "--config", str(CONFIG), "--out", str(tmp_path / "out"), "--entity", "me"]) == 0
+    out = capsys.readouterr().out
+    assert "Offline (no W&B API key): nothing was published" in out and "wandb sync" in out
+    workspace = json.loads((tmp_path / "out" / "table2_fashion-mnist_workspace.json").read_text())
+    report = json.loads((tmp_path / "out" / "table2_fashion-mnist_report.json").read_text())
+
+    # the workspace: its runs are the table's group, grouped by config.beta then config.row
+    assert (workspace["entity"], workspace["project"]) == ("me", "fedbench")
+    view = workspace["spec"]["section"]
+    (runset,) = view["runSets"]
+    assert runset["grouping"] == [{"section": "config", "name": "beta.value"}, {"section": "config", "name": "row.value"}]
+    assert runset["filters"]["filters"] == [{"key": {"section": "run", "name": "group"}, "op": "IN",
+                                             "value": ["table2_fashion-mnist"], "disabled": False}]
+    assert view["settings"]["xAxis"] == "round" and view["settings"]["useRunsTableGroupingInPanels"] is True
+    sections = {s["name"]: s for s in view["panelBankConfig"]["sections"]}
+    assert list(sections) == SECTIONS
+    for metric in spec["metrics"]:  # a curve over rounds (mean ± std per group) and the round-rule summary per row
+        (_, curve), (_, bars) = panels(sections[f"test/{metric}"])
+        assert [kind for kind, _ in panels(sections[f"test/{metric}"])] == ["Run History Line Plot", "Bar Chart"]
+        assert (curve["xAxis"], curve["metrics"], curve["groupAgg"], curve["groupArea"]) == (
+            "round", [f"test/{metric}"], "mean", "stddev")
+        assert (bars["metrics"], bars["groupBy"], bars["groupAgg"]) == ([f"test/{metric}"], "row.value", "mean")
+    for name, keys in (("training", ["train/loss", "lr", "clients_trained"]),
+                       ("communication", ["comm/bytes_up", "comm/bytes_down"]),
+                       ("time", ["time/round_seconds", "time/train_seconds", "time/eval_seconds"])):
+        assert [(c["xAxis"], c["metrics"]) for _, c in panels(sections[name])] == [("round", [k]) for k in keys]
+    ((kind, table),) = panels(sections["results"])
+    assert kind == "Weave" and '"results"' in json.dumps(table)
+
+    # the report: per metric one panel grid per β, its run set that β's train runs grouped by config.row
+    blocks = report["spec"]["blocks"]
+    headings = [b["children"][0]["text"] for b in blocks if b["type"] == "heading"]
+    assert headings == SECTIONS
+    grids = [b["metadata"] for b in blocks if b["type"] == "panel-grid"]
+    assert len(grids) == len(spec["metrics"]) * len(spec["betas"]) + 4
+    for i, grid in enumerate(grids[:len(spec["metrics"]) * len(spec["betas"])]):
+        beta, metric = spec["betas"][i % 2], spec["metrics"][i // 2]
+        (rs,) = grid["runSets"]
+        assert rs["grouping"] == [{"section": "config", "name": "row.value"}]
+        assert [(f["key"]["name"], f["value"]) for f in rs["filters"]["filters"]] == [
+            ("group", ["table2_fashion-mnist"]), ("jobType", "train"), ("beta", beta)]
+        curve, bars = (p["config"] for p in grid["panelBankSectionConfig"]["panels"])
+        assert (curve["metrics"], curve["xAxis"], curve["groupBy"], bars["groupBy"]) == (
+            [f"test/{metric}"], "round", "row.value", "row.value")
+        assert curve["chartTitle"] == f"test/{metric} · β={beta:g}"
+    (results,) = grids[-1]["runSets"]
+    assert [(f["key"]["name"], f["value"]) for f in results["filters"]["filters"]] == [
+        ("group", ["table2_fashion-mnist"]), ("jobType", "table")]
+
+
+def test_dashboard_without_entity_says_what_to_pass(offline, tmp_path, capsys):
+    assert main(["dashboard", "--config", str(CONFIG), "--out", str(tmp_path)]) == 0
+    assert "--entity <your entity>" in capsys.readouterr().out
+    assert json.loads((tmp_path / "table2_fashion-mnist_workspace.json").read_text())["entity"] == "YOUR-ENTITY"
