@@ -257,3 +257,23 @@ def test_fedbm_concept_sampling_reads_nothing_back_on_a_gpu():
         on_gpu = dist.to("cuda")
         z = on_gpu.sample(labels.to("cuda"), torch.Generator().manual_seed(1))
         assert z.device.type == "cuda" and z.shape == (7, 8)
+
+
+def test_fedbm_diversity_loss_reads_nothing_back_on_a_gpu():
+    """FedBM's generator loss L_div, every generator step: on a CUDA device one batched form over all pairs
+    (no unique()/nonzero per class); it equals the CPU's per-class loop to float rounding, gradients too."""
+    from lightning_modules.components.cgde_generator import batched_diversity_loss, diversity_loss
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(12, 3, 8, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 1, 2, 2, 2, 0, 3, 1, 4, 4, 2])  # class 3 has one sample: no pair
+    loop = diversity_loss(images, z, labels, 6)
+    (grad_loop,) = torch.autograd.grad(loop, images)
+    batched = batched_diversity_loss(images.flatten(1), z.flatten(1), labels, 6)
+    (grad_batched,) = torch.autograd.grad(batched, images)
+    assert torch.allclose(loop, batched, rtol=1e-12, atol=0) and loop > 0
+    assert torch.allclose(grad_loop, grad_batched, rtol=1e-9, atol=1e-12)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = diversity_loss(images.detach().to("cuda"), z.to("cuda"), labels.to("cuda"), 6)
+        assert out.device.type == "cuda" and out.shape == ()

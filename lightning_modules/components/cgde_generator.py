@@ -74,6 +74,8 @@ def diversity_loss(images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor, 
     1 / (L1(x_i, x_j) / L1(z_i, z_j) + eps), L1 being the mean absolute difference; summed over
     classes and divided by ``num_classes``."""
     flat_x, flat_z = images.flatten(1), z.flatten(1)
+    if images.device.type != "cpu":  # no per-class unique()/nonzero read back per generator step
+        return batched_diversity_loss(flat_x, flat_z, labels, num_classes, eps)
     total = images.new_zeros(())
     for c in labels.unique():
         idx = (labels == c).nonzero(as_tuple=True)[0]
@@ -86,6 +88,23 @@ def diversity_loss(images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor, 
         d_z = (zi - zj).abs().mean(dim=1).clamp_min(1e-12)
         total = total + (1.0 / (d_x / d_z + eps)).mean()
     return total / num_classes
+
+
+def batched_diversity_loss(flat_x: torch.Tensor, flat_z: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                           eps: float = 1e-5) -> torch.Tensor:
+    """``diversity_loss`` over all pairs at once (GPU): the same sum up to float rounding
+    (tests/test_gpu_paths.py), with nothing read back to the host."""
+    d_x = torch.cdist(flat_x, flat_x, p=1) / flat_x.shape[1]
+    d_z = (torch.cdist(flat_z, flat_z, p=1) / flat_z.shape[1]).clamp_min(1e-12)
+    n = len(labels)
+    upper = torch.ones(n, n, dtype=torch.bool, device=labels.device).triu(1)
+    same = (labels[:, None] == labels[None, :]) & upper
+    inv = torch.where(same, 1.0 / (d_x / d_z + eps), torch.zeros_like(d_x))
+    onehot = F.one_hot(labels.long(), num_classes).to(inv.dtype)  # [n, K]
+    sums = onehot.T @ inv.sum(dim=1)  # per class, over its pairs i < j (i's class = j's class)
+    counts = onehot.sum(dim=0)
+    pairs = counts * (counts - 1) / 2
+    return torch.where(pairs > 0, sums / pairs.clamp_min(1.0), torch.zeros_like(sums)).sum() / num_classes
 
 
 class BNStatisticsHook:
