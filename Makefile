@@ -78,8 +78,9 @@ TEST_JOBS ?= 2
 test: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
+# The fast inner loop: every test file not listed as end-to-end in tests/conftest.py (SLOW_FILES)
 test-fast: install
-	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m "not ddp and not regression" $(PYTEST_ARGS)
+	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m "not slow and not ddp and not regression" $(PYTEST_ARGS)
 
 # Every configs/tables/*.yaml, every row, 1 seed, 2 rounds, 3 clients, 16 px, on generated fixtures in each
 # dataset's official layout with offline weights; fails if any config cannot run (tests/smoke_tables.py).
