@@ -208,3 +208,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+
+
+def readme_module(heading: str, tmp_path: Path, name: str):
+    """The first ```python block under the README's ``## <heading>``, saved as ``<name>.py`` and imported
+    (what a reader who copies it into a file of their own gets)."""
+    import importlib.util
+    import re
+
+    section = (REPO / "README.md").read_text().split(f"## {heading}", 1)[1]
+    path = tmp_path / f"{name}.py"
+    path.write_text(re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

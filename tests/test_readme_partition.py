@@ -3,12 +3,9 @@ partitions a real run (every class dealt evenly over the clients), `fedbench lis
 typo of its name gets it suggested."""
 from __future__ import annotations
 
-import importlib.util
-import re
-
 import numpy as np
 import pytest
-from conftest import REPO, run_in_process
+from conftest import readme_module, run_in_process
 
 from bench.core.registry import UnknownNameError
 from bench.reporting.listing import listing
@@ -16,21 +13,11 @@ from bench.validation import validate_config
 from datamodules.partitions import PARTITION_SCHEMES
 
 
-def readme_scheme() -> str:
-    section = (REPO / "README.md").read_text().split("## Adding a partition scheme", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-
-
 @pytest.fixture
 def registered(monkeypatch, tmp_path):
     PARTITION_SCHEMES.names()  # load the built-in schemes, then register the example in a copy
     monkeypatch.setattr(PARTITION_SCHEMES, "_items", dict(PARTITION_SCHEMES._items))
-    path = tmp_path / "class_round_robin.py"
-    path.write_text(readme_scheme())
-    spec = importlib.util.spec_from_file_location("class_round_robin", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return readme_module("Adding a partition scheme", tmp_path, "class_round_robin")
 
 
 def test_the_readme_scheme_partitions_a_run(registered, tiny_cfg):
