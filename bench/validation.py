@@ -416,13 +416,14 @@ def check_backbone(cfg: RunConfig) -> None:
 
 
 def check_loggers(cfg: RunConfig) -> None:
-    """--tensorboard true needs the tensorboard package (Lightning's TensorBoardLogger writes with it)."""
+    """--tensorboard true needs tensorboard or tensorboardX (Lightning's TensorBoardLogger writes with either;
+    the locked environment has tensorboardX)."""
     if cfg.tensorboard:
         from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
 
         if not (_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE):
             raise FedbenchError("tensorboard: true needs the tensorboard package, which this environment lacks "
-                                "(pip install tensorboard); every run logs the same per-round scalars to CSV "
+                                "(pip install tensorboardX, or tensorboard); every run logs the same per-round scalars to CSV "
                                 "under <output_dir>/<experiment>/csv/ and, with --wandb, to W&B.")
 
 

@@ -258,8 +258,8 @@ def test_dashboard_preview_draws_what_wandb_holds(wandb_table, tmp_path, capsys)
 
 
 def test_tensorboard_without_the_package_is_one_error_before_any_run(tmp_path, monkeypatch, capsys):
-    """--tensorboard (run and table) needs the tensorboard package: without it (as in the locked venv), one
-    error names the fix before any data is loaded or run started."""
+    """--tensorboard (run and table) needs tensorboard or tensorboardX: without either (the locked venv has
+    tensorboardX; faked away here), one error names the fix before any data is loaded or run started."""
     import lightning.fabric.loggers.tensorboard as tb
 
     monkeypatch.setattr(tb, "_TENSORBOARD_AVAILABLE", False)
