@@ -55,6 +55,7 @@ over from one client to the next and depend on which rank trained which client.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -73,6 +74,7 @@ METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules
 
 Batch = tuple[torch.Tensor, ...]  # (inputs, one entry per sample, ...): (x, y) unless a method declares otherwise
 Objective = Callable[[Batch], torch.Tensor]  # the loss of one batch
+FeatureLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (pooled features, labels) -> loss
 
 
 class NonFiniteLossError(FedbenchError):
@@ -231,6 +233,35 @@ def needs_loss_scaling(precision: str, device: torch.device) -> bool:
     return precision == "16-mixed" and torch.device(device).type != "cpu"
 
 
+class ObjectiveTerm:
+    """An extra term of a method's local objective, a part the method holds (``objective_terms``; FedNPR's
+    NPR, fednpr.py). Its options are its constructor's keywords and come from ``method.args``; ``name``
+    keys it in ``module.terms``. Once per local update, ``for_client`` returns its loss on the pooled
+    features (or None when it is off), added by ``FederatedModule.feature_objective``."""
+
+    name: ClassVar[str] = "term"
+    keeps_client_state: ClassVar[bool] = False  # it writes ctx.state (then so does every method holding it)
+
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> FeatureLoss | None:
+        raise NotImplementedError
+
+
+def option_names(kind: type) -> set[str]:
+    """The keyword options of a part's constructor."""
+    return {p.name for p in inspect.signature(kind).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def compose(name: str, algorithm: type[FederatedModule], *, terms: tuple[type[ObjectiveTerm], ...] = (),
+            doc: str | None = None, module: str | None = None, **attributes: Any) -> type[FederatedModule]:
+    """A registered method made of parts: ``algorithm`` (FedBABU, FedRep, ...) with extra objective
+    ``terms`` (NPR) and class attributes (``protocol``); it adds no code, e.g.
+    ``METHODS.register("fedrep-npr")(compose("FedRepNPR", FedRep, terms=(NPRegulariser,)))``."""
+    body = {"objective_terms": algorithm.objective_terms + tuple(terms), "__doc__": doc or algorithm.__doc__,
+            "__module__": module or algorithm.__module__, **attributes}
+    return type(name, (algorithm,), body)
+
+
 class FederatedModule(L.LightningModule):
     """Base of every method: backbone -> pooled features -> linear head, trained with CE (FedAvg).
 
@@ -253,6 +284,12 @@ class FederatedModule(L.LightningModule):
     runs_centrally: ClassVar[bool] = False
     prompt_info: dict | None = None
     keeps_client_state: ClassVar[bool] = False
+    objective_terms: ClassVar[tuple[type[ObjectiveTerm], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if any(t.keeps_client_state for t in cls.objective_terms):
+            cls.keeps_client_state = True
 
     def __init__(
         self,
@@ -267,13 +304,27 @@ class FederatedModule(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         class_names: list[str] | None = None,
         dataset_name: str | None = None,
+        **term_options: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["class_names"])
+        self.terms = self.build_terms(term_options)
         self.num_classes = num_classes
         self.class_names = class_names
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
         self.head = self.build_head()
+
+    @classmethod
+    def term_option_names(cls) -> set[str]:
+        """The ``method.args`` its objective terms take."""
+        return set().union(*(option_names(t) for t in cls.objective_terms))
+
+    def build_terms(self, options: dict[str, Any]) -> dict[str, ObjectiveTerm]:
+        """Each objective term built from its own options (``name -> term``)."""
+        if unknown := sorted(set(options) - self.term_option_names()):
+            raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) {unknown}")
+        return {t.name: t(**{k: v for k, v in options.items() if k in option_names(t)})
+                for t in self.objective_terms}
 
     def method_name(self) -> str:
         """The registered name (``fedavg``), or the class name of an unregistered method."""
@@ -315,9 +366,30 @@ class FederatedModule(L.LightningModule):
         x, y = batch
         return F.cross_entropy(self(x), y)
 
+    def feature_loss(self, ctx: ClientContext) -> FeatureLoss:
+        """The client's loss on pooled features (default: CE of the head), to which objective terms add."""
+        return lambda f, y: F.cross_entropy(self.head(f), y)
+
     def client_objective(self, ctx: ClientContext) -> Objective:
-        """The client's local loss (called once per local update, with the received model loaded)."""
-        return self.training_step
+        """The client's local loss (called once per local update, with the received model loaded):
+        ``training_step``, or with objective terms, ``feature_objective(ctx, feature_loss(ctx))``."""
+        if not self.objective_terms:
+            return self.training_step
+        return self.feature_objective(ctx, self.feature_loss(ctx))
+
+    def feature_objective(self, ctx: ClientContext, loss: FeatureLoss) -> Objective:
+        """batch -> loss(f, y) + each objective term's loss(f, y), f = self.features(x) computed once; a
+        term is prepared for this client first (NPR: its prototypes from the received model)."""
+        extra = [t for t in (term.for_client(self, ctx) for term in self.terms.values()) if t is not None]
+
+        def objective(batch: Batch) -> torch.Tensor:
+            f, y = self.features(batch[0]), batch[1]
+            total = loss(f, y)
+            for term in extra:
+                total = total + term(f, y)
+            return total
+
+        return objective
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The local optimizer over the parameters that require grad (its lr is set per round)."""
