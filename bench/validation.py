@@ -115,6 +115,8 @@ def method_signature(cls: type) -> dict[str, inspect.Parameter]:
         for p in inspect.signature(source).parameters.values():
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 params.setdefault(p.name, p)
+    for key, default in getattr(cls, "term_defaults", {}).items():  # a composed method's own defaults
+        params[key] = params[key].replace(default=default)
     return params
 
 

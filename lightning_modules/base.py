@@ -75,6 +75,7 @@ METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules
 Batch = tuple[torch.Tensor, ...]  # (inputs, one entry per sample, ...): (x, y) unless a method declares otherwise
 Objective = Callable[[Batch], torch.Tensor]  # the loss of one batch
 FeatureLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (pooled features, labels) -> loss
+TermLoss = Callable[[Batch, torch.Tensor], torch.Tensor]  # (batch, its pooled features) -> an objective term
 
 
 class NonFiniteLossError(FedbenchError):
@@ -235,15 +236,22 @@ def needs_loss_scaling(precision: str, device: torch.device) -> bool:
 
 class ObjectiveTerm:
     """An extra term of a method's local objective, a part the method holds (``objective_terms``; FedNPR's
-    NPR, fednpr.py). Its options are its constructor's keywords and come from ``method.args``; ``name``
-    keys it in ``module.terms``. Once per local update, ``for_client`` returns its loss on the pooled
-    features (or None when it is off), added by ``FederatedModule.feature_objective``."""
+    NPR, fednpr.py; FedProx's proximal term, fedprox.py; MOON's model-contrastive term, moon.py). Its
+    options are its constructor's keywords and come from ``method.args``; ``name`` keys it in
+    ``module.terms``. Once per local update, ``for_client`` returns its loss on (batch, pooled features)
+    (or None when it is off), added by ``FederatedModule.feature_objective``; ``on_client_end`` runs
+    after local training (MOON keeps the client's model there)."""
 
     name: ClassVar[str] = "term"
     keeps_client_state: ClassVar[bool] = False  # it writes ctx.state (then so does every method holding it)
+    supervised: ClassVar[bool] = False  # its loss holds the head's CE too (FedNTD's, sharing its logits): it
+    #                                     then stands in for the host's feature loss while it is on
 
-    def for_client(self, module: FederatedModule, ctx: ClientContext) -> FeatureLoss | None:
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
         raise NotImplementedError
+
+    def on_client_end(self, module: FederatedModule, ctx: ClientContext) -> None:
+        pass
 
 
 def option_names(kind: type) -> set[str]:
@@ -252,14 +260,17 @@ def option_names(kind: type) -> set[str]:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def compose(name: str, algorithm: type[FederatedModule], *, terms: tuple[type[ObjectiveTerm], ...] = (),
-            doc: str | None = None, module: str | None = None, **attributes: Any) -> type[FederatedModule]:
-    """A registered method made of parts: ``algorithm`` (FedBABU, FedRep, ...) with extra objective
-    ``terms`` (NPR) and class attributes (``protocol``); it adds no code, e.g.
+def compose(name: str, host: type[FederatedModule], *, terms: tuple[type[ObjectiveTerm], ...] = (),
+            defaults: dict[str, Any] | None = None, doc: str | None = None, module: str | None = None,
+            **attributes: Any) -> type[FederatedModule]:
+    """A registered method made of parts: ``host`` (an algorithm on a model: FedBABU, FedRep, the CLIP
+    fine-tune, the CLIP linear probe) with extra objective ``terms`` (NPR, FedProx's, MOON's), new
+    ``defaults`` of the terms' options and class attributes (``protocol``); it adds no code, e.g.
     ``METHODS.register("fedrep-npr")(compose("FedRepNPR", FedRep, terms=(NPRegulariser,)))``."""
-    body = {"objective_terms": algorithm.objective_terms + tuple(terms), "__doc__": doc or algorithm.__doc__,
-            "__module__": module or algorithm.__module__, **attributes}
-    return type(name, (algorithm,), body)
+    body = {"objective_terms": host.objective_terms + tuple(terms),
+            "term_defaults": {**host.term_defaults, **(defaults or {})},
+            "__doc__": doc or host.__doc__, "__module__": module or host.__module__, **attributes}
+    return type(name, (host,), body)
 
 
 class FederatedModule(L.LightningModule):
@@ -285,6 +296,7 @@ class FederatedModule(L.LightningModule):
     prompt_info: dict | None = None
     keeps_client_state: ClassVar[bool] = False
     objective_terms: ClassVar[tuple[type[ObjectiveTerm], ...]] = ()
+    term_defaults: ClassVar[dict[str, Any]] = {}  # this method's defaults of its terms' options
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -323,6 +335,7 @@ class FederatedModule(L.LightningModule):
         """Each objective term built from its own options (``name -> term``)."""
         if unknown := sorted(set(options) - self.term_option_names()):
             raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) {unknown}")
+        options = {**self.term_defaults, **options}
         return {t.name: t(**{k: v for k, v in options.items() if k in option_names(t)})
                 for t in self.objective_terms}
 
@@ -378,15 +391,18 @@ class FederatedModule(L.LightningModule):
         return self.feature_objective(ctx, self.feature_loss(ctx))
 
     def feature_objective(self, ctx: ClientContext, loss: FeatureLoss) -> Objective:
-        """batch -> loss(f, y) + each objective term's loss(f, y), f = self.features(x) computed once; a
-        term is prepared for this client first (NPR: its prototypes from the received model)."""
-        extra = [t for t in (term.for_client(self, ctx) for term in self.terms.values()) if t is not None]
+        """batch -> loss(f, y) + each objective term's loss(batch, f), f = self.features(x) computed once; a
+        term is prepared for this client first (NPR: its prototypes from the received model). A
+        ``supervised`` term that is on replaces loss(f, y) (its own loss holds the head's CE)."""
+        prepared = [(term, term.for_client(self, ctx)) for term in self.terms.values()]
+        extra = [term_loss for _, term_loss in prepared if term_loss is not None]
+        host = None if any(term.supervised and term_loss is not None for term, term_loss in prepared) else loss
 
         def objective(batch: Batch) -> torch.Tensor:
-            f, y = self.features(batch[0]), batch[1]
-            total = loss(f, y)
+            f = self.features(batch[0])
+            total = None if host is None else host(f, batch[1])
             for term in extra:
-                total = total + term(f, y)
+                total = term(batch, f) if total is None else total + term(batch, f)
             return total
 
         return objective
@@ -433,7 +449,10 @@ class FederatedModule(L.LightningModule):
         return seen
 
     def on_client_end(self, ctx: ClientContext) -> None:
-        """Runs after local training with the trained model loaded; extra uploads go in ctx.uploads."""
+        """Runs after local training with the trained model loaded; extra uploads go in ctx.uploads.
+        Default: each objective term's ``on_client_end``."""
+        for term in self.terms.values():
+            term.on_client_end(self, ctx)
 
     def evaluate_client(self, ctx: ClientContext, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
         """Per-client protocol: return ``evaluate()`` for this client's model. Override to

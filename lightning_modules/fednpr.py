@@ -47,7 +47,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FeatureLoss, FederatedModule, ObjectiveTerm
+from lightning_modules.base import (
+    METHODS,
+    ClientContext,
+    FeatureLoss,
+    FederatedModule,
+    ObjectiveTerm,
+    TermLoss,
+)
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
 from lightning_modules.components.client_features import client_features, evaluating
 from lightning_modules.components.npr import init_prototypes, npr_loss, npr_weight, update_prototypes
@@ -106,13 +113,13 @@ class NPRegulariser(ObjectiveTerm):
         ctx.state[PROTOTYPES_KEY] = protos
         return protos
 
-    def for_client(self, module: FederatedModule, ctx: ClientContext) -> FeatureLoss | None:
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
         """weight * NPR(f, y) against the client's prototypes refreshed from the received model; None
         (prototypes never computed) when the weight is 0."""
         if self.weight == 0:
             return None
         prototypes = self.client_prototypes(module, ctx)
-        return lambda f, y: self.weight * npr_loss(f, y, prototypes)
+        return lambda batch, f: self.weight * npr_loss(f, batch[1], prototypes)
 
 
 @METHODS.register("fednpr")
