@@ -34,6 +34,11 @@ Where a method says what it does:
                               ServerContext) runs work once on rank 0 and broadcasts it (FedBM's generator)
   server_state() / load_server_state()   server state beyond the model, for checkpoints
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
+  feature_loss(ctx)           the loss on pooled features that objective terms add to (default: CE of the head)
+Parts, not base classes: ``objective_terms`` (ObjectiveTerm: NPR, FedProx's proximal term, MOON's
+model-contrastive term, FedNTD's distillation) each bring options and a loss added by ``feature_objective``;
+``compose`` registers a host class (an algorithm on a model: FedBABU, the CLIP fine-tune, the CLIP linear
+probe) with terms as a new method without writing a class.
 Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally,
 keeps_client_state (the method writes ``ctx.state``: its clients train on the rank that keeps it; a
 method that does not may have its clients trained on any rank, and ``ctx.state`` refuses writes).

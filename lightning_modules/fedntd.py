@@ -37,9 +37,12 @@ def ntd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor
     return F.kl_div(student, teacher, reduction="batchmean")
 
 
-def check_ntd(tau: float, num_classes: int) -> None:
+def check_tau(tau: float) -> None:
     if tau <= 0:
         raise FedbenchError(f"FedNTD's tau must be > 0, got {tau}.")
+
+
+def check_classes(num_classes: int) -> None:
     if num_classes < 2:
         raise FedbenchError("FedNTD needs at least two classes.")
 
@@ -57,10 +60,10 @@ class NotTrueDistillation(ObjectiveTerm):
     tau: float = 1.0
 
     def __post_init__(self) -> None:
-        check_ntd(self.tau, num_classes=2)  # the classes are checked with the model (ClipFeatureModule's >= 2)
+        check_tau(self.tau)
 
     def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
-        check_ntd(self.tau, module.num_classes)
+        check_classes(module.num_classes)
         if self.beta == 0:
             return None
         teacher = FrozenModel(module, ctx.global_state)  # the received global head, eval mode
@@ -77,7 +80,8 @@ class NotTrueDistillation(ObjectiveTerm):
 class FedNTD(FederatedModule):
     def __init__(self, *args, beta: float = 1.0, tau: float = 1.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        check_ntd(tau, self.num_classes)
+        check_tau(tau)
+        check_classes(self.num_classes)
         self.beta, self.tau = beta, tau
 
     def client_objective(self, ctx: ClientContext) -> Objective:
