@@ -108,9 +108,15 @@ class Moon(FederatedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.representation(x))
 
+    def contrastive_loss(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
+        return model_contrastive_loss(z, z_glob, z_prev, self.temperature)
+
     # ---- client ----------------------------------------------------------------------------
+    def reference_models(self, ctx: ClientContext) -> tuple[FrozenModel, FrozenModel | None]:
+        return reference_models(self, ctx)
+
     def client_objective(self, ctx: ClientContext) -> Objective:
-        positive, negative = reference_models(self, ctx)
+        positive, negative = self.reference_models(ctx)
 
         def loss(batch):
             x, y = batch
@@ -120,7 +126,7 @@ class Moon(FederatedModule):
                 return ce
             z_glob = positive.run("projection", positive.features(x))
             z_prev = negative.run("projection", negative.features(x))
-            return ce + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
+            return ce + self.mu * self.contrastive_loss(z, z_glob, z_prev)
 
         return loss
 
