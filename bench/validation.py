@@ -102,27 +102,34 @@ def check_field_types(cfg: RunConfig) -> None:
 
 
 # ---- method.args ---------------------------------------------------------------------------------
+def option_sources(cls: type) -> list:
+    """Where a method's options are declared, most specific first: its classes' constructors (subclass
+    first), then its objective terms' (``objective_terms``, e.g. NPR's)."""
+    classes = [k.__init__ for k in cls.__mro__ if isinstance(k, type) and issubclass(k, FederatedModule)]
+    return classes + list(getattr(cls, "objective_terms", ()))
+
+
 def method_signature(cls: type) -> dict[str, inspect.Parameter]:
-    """The keyword parameters a method accepts, over its class hierarchy (subclass first)."""
+    """The keyword parameters a method accepts, over its class hierarchy and its parts."""
     params: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        if isinstance(klass, type) and issubclass(klass, FederatedModule):
-            for p in inspect.signature(klass.__init__).parameters.values():
-                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                    params.setdefault(p.name, p)
+    for source in option_sources(cls):
+        for p in inspect.signature(source).parameters.values():
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                params.setdefault(p.name, p)
+    for key, default in getattr(cls, "term_defaults", {}).items():  # a composed method's own defaults
+        params[key] = params[key].replace(default=default)
     return params
 
 
 def method_hints(cls: type) -> dict[str, Any]:
-    """The annotations of the keyword parameters (resolved per class, subclass first)."""
+    """The annotations of the keyword parameters (resolved per source, the most specific winning)."""
     hints: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):
-        if isinstance(klass, type) and issubclass(klass, FederatedModule):
-            try:
-                resolved = typing.get_type_hints(klass.__init__)
-            except Exception:  # noqa: BLE001 - an annotation that cannot be resolved is not checked
-                resolved = {}
-            hints.update(resolved)
+    for source in reversed(option_sources(cls)):
+        try:
+            resolved = typing.get_type_hints(source.__init__ if isinstance(source, type) else source)
+        except Exception:  # noqa: BLE001 - an annotation that cannot be resolved is not checked
+            resolved = {}
+        hints.update(resolved)
     return hints
 
 

@@ -34,6 +34,11 @@ Where a method says what it does:
                               ServerContext) runs work once on rank 0 and broadcasts it (FedBM's generator)
   server_state() / load_server_state()   server state beyond the model, for checkpoints
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
+  feature_loss(ctx)           the loss on pooled features that objective terms add to (default: CE of the head)
+Parts, not base classes: ``objective_terms`` (ObjectiveTerm: NPR, FedProx's proximal term, MOON's
+model-contrastive term, FedNTD's distillation) each bring options and a loss added by ``feature_objective``;
+``compose`` registers a host class (an algorithm on a model: FedBABU, the CLIP fine-tune, the CLIP linear
+probe) with terms as a new method without writing a class.
 Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally,
 keeps_client_state (the method writes ``ctx.state``: its clients train on the rank that keeps it; a
 method that does not may have its clients trained on any rank, and ``ctx.state`` refuses writes).
@@ -55,6 +60,7 @@ over from one client to the next and depend on which rank trained which client.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -73,6 +79,8 @@ METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules
 
 Batch = tuple[torch.Tensor, ...]  # (inputs, one entry per sample, ...): (x, y) unless a method declares otherwise
 Objective = Callable[[Batch], torch.Tensor]  # the loss of one batch
+FeatureLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (pooled features, labels) -> loss
+TermLoss = Callable[[Batch, torch.Tensor], torch.Tensor]  # (batch, its pooled features) -> an objective term
 
 
 class NonFiniteLossError(FedbenchError):
@@ -231,6 +239,45 @@ def needs_loss_scaling(precision: str, device: torch.device) -> bool:
     return precision == "16-mixed" and torch.device(device).type != "cpu"
 
 
+class ObjectiveTerm:
+    """An extra term of a method's local objective, a part the method holds (``objective_terms``; FedNPR's
+    NPR, fednpr.py; FedProx's proximal term, fedprox.py; MOON's model-contrastive term, moon.py). Its
+    options are its constructor's keywords and come from ``method.args``; ``name`` keys it in
+    ``module.terms``. Once per local update, ``for_client`` returns its loss on (batch, pooled features)
+    (or None when it is off), added by ``FederatedModule.feature_objective``; ``on_client_end`` runs
+    after local training (MOON keeps the client's model there)."""
+
+    name: ClassVar[str] = "term"
+    keeps_client_state: ClassVar[bool] = False  # it writes ctx.state (then so does every method holding it)
+    supervised: ClassVar[bool] = False  # its loss holds the head's CE too (FedNTD's, sharing its logits): it
+    #                                     then stands in for the host's feature loss while it is on
+
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
+        raise NotImplementedError
+
+    def on_client_end(self, module: FederatedModule, ctx: ClientContext) -> None:
+        pass
+
+
+def option_names(kind: type) -> set[str]:
+    """The keyword options of a part's constructor."""
+    return {p.name for p in inspect.signature(kind).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def compose(name: str, host: type[FederatedModule], *, terms: tuple[type[ObjectiveTerm], ...] = (),
+            defaults: dict[str, Any] | None = None, doc: str | None = None, module: str | None = None,
+            **attributes: Any) -> type[FederatedModule]:
+    """A registered method made of parts: ``host`` (an algorithm on a model: FedBABU, FedRep, the CLIP
+    fine-tune, the CLIP linear probe) with extra objective ``terms`` (NPR, FedProx's, MOON's), new
+    ``defaults`` of the terms' options and class attributes (``protocol``); it adds no code, e.g.
+    ``METHODS.register("fedrep-npr")(compose("FedRepNPR", FedRep, terms=(NPRegulariser,)))``."""
+    body = {"objective_terms": host.objective_terms + tuple(terms),
+            "term_defaults": {**host.term_defaults, **(defaults or {})},
+            "__doc__": doc or host.__doc__, "__module__": module or host.__module__, **attributes}
+    return type(name, (host,), body)
+
+
 class FederatedModule(L.LightningModule):
     """Base of every method: backbone -> pooled features -> linear head, trained with CE (FedAvg).
 
@@ -253,6 +300,13 @@ class FederatedModule(L.LightningModule):
     runs_centrally: ClassVar[bool] = False
     prompt_info: dict | None = None
     keeps_client_state: ClassVar[bool] = False
+    objective_terms: ClassVar[tuple[type[ObjectiveTerm], ...]] = ()
+    term_defaults: ClassVar[dict[str, Any]] = {}  # this method's defaults of its terms' options
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if any(t.keeps_client_state for t in cls.objective_terms):
+            cls.keeps_client_state = True
 
     def __init__(
         self,
@@ -268,9 +322,11 @@ class FederatedModule(L.LightningModule):
         class_names: list[str] | None = None,
         dataset_name: str | None = None,
         gray_stem: str = "sum",
+        **term_options: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["class_names"])
+        self.terms = self.build_terms(term_options)
         self.num_classes = num_classes
         self.class_names = class_names
         self.backbone, self.feature_dim = self.build_backbone(backbone, in_channels, pretrained)
@@ -279,6 +335,19 @@ class FederatedModule(L.LightningModule):
         elif gray_stem != "sum":
             raise FedbenchError(f"method.gray_stem must be one of {list(GRAY_STEMS)}, got {gray_stem!r}.")
         self.head = self.build_head()
+
+    @classmethod
+    def term_option_names(cls) -> set[str]:
+        """The ``method.args`` its objective terms take."""
+        return set().union(*(option_names(t) for t in cls.objective_terms))
+
+    def build_terms(self, options: dict[str, Any]) -> dict[str, ObjectiveTerm]:
+        """Each objective term built from its own options (``name -> term``)."""
+        if unknown := sorted(set(options) - self.term_option_names()):
+            raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) {unknown}")
+        options = {**self.term_defaults, **options}
+        return {t.name: t(**{k: v for k, v in options.items() if k in option_names(t)})
+                for t in self.objective_terms}
 
     def method_name(self) -> str:
         """The registered name (``fedavg``), or the class name of an unregistered method."""
@@ -320,9 +389,33 @@ class FederatedModule(L.LightningModule):
         x, y = batch
         return F.cross_entropy(self(x), y)
 
+    def feature_loss(self, ctx: ClientContext) -> FeatureLoss:
+        """The client's loss on pooled features (default: CE of the head), to which objective terms add."""
+        return lambda f, y: F.cross_entropy(self.head(f), y)
+
     def client_objective(self, ctx: ClientContext) -> Objective:
-        """The client's local loss (called once per local update, with the received model loaded)."""
-        return self.training_step
+        """The client's local loss (called once per local update, with the received model loaded):
+        ``training_step``, or with objective terms, ``feature_objective(ctx, feature_loss(ctx))``."""
+        if not self.objective_terms:
+            return self.training_step
+        return self.feature_objective(ctx, self.feature_loss(ctx))
+
+    def feature_objective(self, ctx: ClientContext, loss: FeatureLoss) -> Objective:
+        """batch -> loss(f, y) + each objective term's loss(batch, f), f = self.features(x) computed once; a
+        term is prepared for this client first (NPR: its prototypes from the received model). A
+        ``supervised`` term that is on replaces loss(f, y) (its own loss holds the head's CE)."""
+        prepared = [(term, term.for_client(self, ctx)) for term in self.terms.values()]
+        extra = [term_loss for _, term_loss in prepared if term_loss is not None]
+        host = None if any(term.supervised and term_loss is not None for term, term_loss in prepared) else loss
+
+        def objective(batch: Batch) -> torch.Tensor:
+            f = self.features(batch[0])
+            total = None if host is None else host(f, batch[1])
+            for term in extra:
+                total = term(batch, f) if total is None else total + term(batch, f)
+            return total
+
+        return objective
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """The local optimizer over the parameters that require grad (its lr is set per round)."""
@@ -366,7 +459,10 @@ class FederatedModule(L.LightningModule):
         return seen
 
     def on_client_end(self, ctx: ClientContext) -> None:
-        """Runs after local training with the trained model loaded; extra uploads go in ctx.uploads."""
+        """Runs after local training with the trained model loaded; extra uploads go in ctx.uploads.
+        Default: each objective term's ``on_client_end``."""
+        for term in self.terms.values():
+            term.on_client_end(self, ctx)
 
     def evaluate_client(self, ctx: ClientContext, evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
         """Per-client protocol: return ``evaluate()`` for this client's model. Override to

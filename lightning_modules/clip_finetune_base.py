@@ -35,7 +35,7 @@ from torch import nn
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
-from lightning_modules.base import FederatedModule
+from lightning_modules.base import ClientContext, FeatureLoss, FederatedModule
 from lightning_modules.clip_feature_base import shared_clip
 from lightning_modules.components import prompts as prompt_sets
 from lightning_modules.components.clip_losses import clip_contrastive_loss
@@ -117,6 +117,10 @@ class ClipFinetuneModule(FederatedModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         return self.contrastive(self.features(x), y)
+
+    def feature_loss(self, ctx: ClientContext) -> FeatureLoss:
+        """CLIP's contrastive loss on the image embeddings, to which objective terms add (FedProx, MOON)."""
+        return self.contrastive
 
     # ---- data: CLIP's geometry, once ----------------------------------------------------------
     def to_clip_input(self, split: DeviceData | None) -> DeviceData | None:

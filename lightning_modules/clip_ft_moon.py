@@ -9,39 +9,13 @@ second participation). mu = 1, tau = 0.5 as in FACMIC's code and MOON's paper. F
 the client's current model as the "previous" one (the same object), which makes the negative the
 trained embedding itself; here the previous model is MOON's.
 
-The representation is CLIP's image embedding (no projection head: ``projection_dim`` must stay 0);
-prediction stays the CLIP's (cosine to the class prompts), not MOON's linear head.
+The representation is CLIP's image embedding (no projection head, so MOON's ``projection_dim`` is no
+option here); prediction stays the CLIP's (cosine to the class prompts): the fine-tuned CLIP with MOON's
+objective term (``ModelContrast``, moon.py), options mu and temperature.
 """
-from __future__ import annotations
-
-import torch
-
-from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, Objective
+from lightning_modules.base import METHODS, compose
 from lightning_modules.clip_finetune_base import ClipFinetuneModule
-from lightning_modules.moon import Moon
+from lightning_modules.moon import ModelContrast
 
-
-@METHODS.register("clip-ft-moon")
-class ClipFtMoon(Moon, ClipFinetuneModule):
-    def __init__(self, *args, projection_dim: int = 0, **kwargs) -> None:
-        if projection_dim != 0:
-            raise FedbenchError("clip-ft-moon: the representation is CLIP's image embedding; projection_dim must "
-                                f"be 0, got {projection_dim}.")
-        super().__init__(*args, **kwargs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ClipFinetuneModule.forward(self, x)  # class scores, not MOON's head(representation)
-
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        positive, negative = self.reference_models(ctx)
-
-        def loss(batch):
-            x, y = batch
-            image = self.features(x)
-            total = self.contrastive(image, y)
-            if self.mu == 0 or negative is None:
-                return total
-            return total + self.mu * self.contrastive_loss(image, positive.features(x), negative.features(x))
-
-        return loss
+ClipFtMoon = METHODS.register("clip-ft-moon")(
+    compose("ClipFtMoon", ClipFinetuneModule, terms=(ModelContrast,), doc=__doc__, module=__name__))

@@ -6,19 +6,9 @@ table configs compare that row with ``fednpr``, not with this method. Evaluated 
 per-client protocol; with ``lam: 0`` it is plain FedAvg under that protocol (the prototypes are then
 never computed).
 """
-from __future__ import annotations
+from lightning_modules.base import METHODS, compose
+from lightning_modules.fedavg import FedAvg
+from lightning_modules.fednpr import NPRegulariser
 
-from typing import ClassVar
-
-import torch.nn.functional as F
-
-from lightning_modules.base import METHODS, ClientContext, Objective
-from lightning_modules.fednpr import NPRMethod
-
-
-@METHODS.register("fedavg-npr")
-class FedAvgNPR(NPRMethod):
-    protocol: ClassVar[str] = "per_client"
-
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+FedAvgNPR = METHODS.register("fedavg-npr")(compose("FedAvgNPR", FedAvg, terms=(NPRegulariser,), protocol="per_client",
+                                                   doc=__doc__, module=__name__))

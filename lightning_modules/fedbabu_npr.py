@@ -15,16 +15,9 @@ K=2 / lambda 0.05 (ICH). NPR is added alone, without FedNPR's balanced softmax (
 module can be independently added"); the paper does not say otherwise for this row. With ``lam: 0``
 the method is FedBABU exactly.
 """
-from __future__ import annotations
-
-import torch.nn.functional as F
-
-from lightning_modules.base import METHODS, ClientContext, Objective
+from lightning_modules.base import METHODS, compose
 from lightning_modules.fedbabu import FedBABU
-from lightning_modules.fednpr import NPRMethod
+from lightning_modules.fednpr import NPRegulariser
 
-
-@METHODS.register("fedbabu-npr")
-class FedBABUNPR(NPRMethod, FedBABU):
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+FedBABUNPR = METHODS.register("fedbabu-npr")(
+    compose("FedBABUNPR", FedBABU, terms=(NPRegulariser,), doc=__doc__, module=__name__))

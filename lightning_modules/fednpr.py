@@ -32,14 +32,14 @@ calls it the common objective across clients (Sec. 3.4.1, 5.1); its rows without
 CE + NPR, not NPR alone (NPR alone never trains the classifier, so its ~57-61% bACC could not come
 from the classifier the rows are scored with).
 
-NPR composes with any method whose loss can be written on pooled features: a method with
-``NPRMethod`` as a base gets the NPR options and ``self.npr``, and adds it in its objective,
-``self.npr.objective(self, ctx, feature_loss)`` (FedAvg+NPR in fedavg_npr.py, FedBABU / FedRep / FedRoD +
-NPR of Table 6 in fedbabu_npr.py, fedrep_npr.py, fedrod_npr.py; README, "Adding a method").
+NPR composes with any method whose loss can be written on pooled features: ``NPRegulariser`` is an
+objective term (base.py ``ObjectiveTerm``), a part the method holds (``objective_terms``; the instance is
+``module.terms["npr"]``) that brings the NPR options and is added to the method's ``feature_loss`` by
+``feature_objective`` (FedAvg+NPR in fedavg_npr.py, FedBABU / FedRep / FedRoD + NPR of Table 6 in
+fedbabu_npr.py, fedrep_npr.py, fedrod_npr.py: each a ``compose`` entry; README, "Adding a method").
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -47,27 +47,45 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
+from lightning_modules.base import (
+    METHODS,
+    ClientContext,
+    FeatureLoss,
+    FederatedModule,
+    ObjectiveTerm,
+    TermLoss,
+)
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
 from lightning_modules.components.client_features import client_features, evaluating
 from lightning_modules.components.npr import init_prototypes, npr_loss, npr_weight, update_prototypes
 
 NPR_VARIANTS = ("paper", "public_code")
 PROTOTYPES_KEY = "npr_prototypes"  # in ctx.state: [C, K, D] unit-norm, on the client's rank
-FeatureLoss = Callable[[Tensor, Tensor], Tensor]  # (pooled features, labels) -> loss
 
 
 @dataclass(frozen=True)
-class NPRegulariser:
-    """FedNPR's NPR (Sec. 3.3) for any host loss on pooled features."""
+class NPRegulariser(ObjectiveTerm):
+    """FedNPR's NPR (Sec. 3.3) for any host loss on pooled features; its options (``method.args``) are
+    num_subclusters K, lam, sinkhorn_eps, sinkhorn_iters and npr_variant. Its per-client state is the
+    client's prototypes (ctx.state)."""
+
+    name: ClassVar[str] = "npr"
+    keeps_client_state: ClassVar[bool] = True
 
     num_subclusters: int = 4
     lam: float = 0.1
     sinkhorn_eps: float = 0.05
     sinkhorn_iters: int = 100
-    variant: str = "paper"
+    npr_variant: str = "paper"
+
+    @property
+    def variant(self) -> str:
+        return self.npr_variant
 
     def __post_init__(self) -> None:
+        for key, kind in (("num_subclusters", int), ("lam", float), ("sinkhorn_eps", float),
+                          ("sinkhorn_iters", int)):
+            object.__setattr__(self, key, kind(getattr(self, key)))
         if self.variant not in NPR_VARIANTS:
             raise FedbenchError(f"npr_variant must be one of {NPR_VARIANTS}, got {self.variant!r}.")
         if self.num_subclusters < 1:
@@ -95,54 +113,33 @@ class NPRegulariser:
         ctx.state[PROTOTYPES_KEY] = protos
         return protos
 
-    def objective(self, module: FederatedModule, ctx: ClientContext, feature_loss: FeatureLoss) -> Objective:
-        """The client's objective  feature_loss(f, y) + weight * NPR(f, y),  f = module.features(x)."""
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
+        """weight * NPR(f, y) against the client's prototypes refreshed from the received model; None
+        (prototypes never computed) when the weight is 0."""
         if self.weight == 0:
-            return lambda batch: feature_loss(module.features(batch[0]), batch[1])
+            return None
         prototypes = self.client_prototypes(module, ctx)
-
-        def loss(batch):
-            x, y = batch
-            f = module.features(x)
-            return feature_loss(f, y) + self.weight * npr_loss(f, y, prototypes)
-
-        return loss
-
-
-class NPRMethod(FederatedModule):
-    """A method with NPR's options (``method.args``: num_subclusters K, lam, sinkhorn_eps,
-    sinkhorn_iters, npr_variant) and its regulariser ``self.npr``. It overrides no hook: the
-    method adds NPR to its own objective explicitly."""
-
-    keeps_client_state: ClassVar[bool] = True  # ctx.state holds the client's own tensors
-
-    def __init__(self, *args, num_subclusters: int = 4, lam: float = 0.1, sinkhorn_eps: float = 0.05,
-                 sinkhorn_iters: int = 100, npr_variant: str = "paper", **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.npr = NPRegulariser(int(num_subclusters), float(lam), float(sinkhorn_eps), int(sinkhorn_iters),
-                                 npr_variant)
+        return lambda batch, f: self.weight * npr_loss(f, batch[1], prototypes)
 
 
 @METHODS.register("fednpr")
-class FedNPR(NPRMethod):
+class FedNPR(FederatedModule):
     """FedNPR: BSM + NPR locally, every tensor averaged. ``balanced_softmax: false`` trains the
     classifier with plain CE instead (Table 4's rows without global supervision)."""
 
     protocol: ClassVar[str] = "per_client"
+    objective_terms = (NPRegulariser,)
 
     def __init__(self, *args, balanced_softmax: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.balanced_softmax = bool(balanced_softmax)
 
-    def supervision(self, ctx: ClientContext) -> FeatureLoss:
+    def feature_loss(self, ctx: ClientContext) -> FeatureLoss:
         """The classifier's loss on pooled features: BSM with the client's class prior (Eq. 4), or CE."""
         if not self.balanced_softmax:
             return lambda f, y: F.cross_entropy(self.head(f), y)
         log_prior = class_log_prior(ctx.labels, self.num_classes)
         return lambda f, y: balanced_softmax_loss(self.head(f), y, log_prior)
-
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        return self.npr.objective(self, ctx, self.supervision(ctx))
 
 
 @METHODS.register("fednpr-code")

@@ -13,11 +13,14 @@ the live modules on the received state tensors (``FrozenModel``): nothing is cop
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective, ObjectiveTerm, TermLoss
 from lightning_modules.components.state import FrozenModel
 
 
@@ -34,14 +37,51 @@ def ntd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor
     return F.kl_div(student, teacher, reduction="batchmean")
 
 
+def check_tau(tau: float) -> None:
+    if tau <= 0:
+        raise FedbenchError(f"FedNTD's tau must be > 0, got {tau}.")
+
+
+def check_classes(num_classes: int) -> None:
+    if num_classes < 2:
+        raise FedbenchError("FedNTD needs at least two classes.")
+
+
+@dataclass(frozen=True)
+class NotTrueDistillation(ObjectiveTerm):
+    """FedNTD's local loss CE(z, y) + beta * L_NTD(z, z_g), z the head's logits on the features and z_g the
+    received global head's on the same features (with beta 0 it is off: the host's CE): FedNTD's term on a model that trains its head alone on fixed features (``clip-fc-fedntd``:
+    the CLIP linear probe), where the received global model is its head. Options beta, tau. (A model
+    with a trained backbone needs the teacher's own features: the ``fedntd`` method.)"""
+
+    name: ClassVar[str] = "ntd"
+    supervised: ClassVar[bool] = True  # CE and L_NTD on the same logits (one head pass, as FedNTD's loss)
+    beta: float = 1.0
+    tau: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_tau(self.tau)
+
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
+        check_classes(module.num_classes)
+        if self.beta == 0:
+            return None
+        teacher = FrozenModel(module, ctx.global_state)  # the received global head, eval mode
+
+        def loss(batch, f):
+            logits = module.head(f)
+            return F.cross_entropy(logits, batch[1]) + self.beta * ntd_loss(logits, teacher.run("head", f), batch[1],
+                                                                            self.tau)
+
+        return loss
+
+
 @METHODS.register("fedntd")
 class FedNTD(FederatedModule):
     def __init__(self, *args, beta: float = 1.0, tau: float = 1.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if tau <= 0:
-            raise FedbenchError(f"FedNTD's tau must be > 0, got {tau}.")
-        if self.num_classes < 2:
-            raise FedbenchError("FedNTD needs at least two classes.")
+        check_tau(tau)
+        check_classes(self.num_classes)
         self.beta, self.tau = beta, tau
 
     def client_objective(self, ctx: ClientContext) -> Objective:

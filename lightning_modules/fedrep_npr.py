@@ -15,17 +15,9 @@ Options: FedRep's (head_epochs) and NPR's (num_subclusters, lam, sinkhorn_eps, s
 npr_variant); Table 6: K=4 / lambda 0.1 (skin), K=2 / lambda 0.05 (ICH). NPR is added alone, without
 FedNPR's balanced softmax (as for FedBABU+NPR). With ``lam: 0`` the method is FedRep exactly.
 """
-from __future__ import annotations
-
-import torch.nn.functional as F
-
-from lightning_modules.base import METHODS, ClientContext, Objective
-from lightning_modules.fednpr import NPRMethod
+from lightning_modules.base import METHODS, compose
+from lightning_modules.fednpr import NPRegulariser
 from lightning_modules.fedrep import FedRep
 
-
-@METHODS.register("fedrep-npr")
-class FedRepNPR(NPRMethod, FedRep):
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        """The body phase's loss (FedRep builds it before its head phase)."""
-        return self.npr.objective(self, ctx, lambda f, y: F.cross_entropy(self.head(f), y))
+FedRepNPR = METHODS.register("fedrep-npr")(
+    compose("FedRepNPR", FedRep, terms=(NPRegulariser,), doc=__doc__, module=__name__))

@@ -50,8 +50,7 @@ class FedRoD(FederatedModule):
         return loss
 
     def client_objective(self, ctx: ClientContext) -> Objective:
-        loss = self.feature_loss(ctx)
-        return lambda batch: loss(self.features(batch[0]), batch[1])
+        return self.feature_objective(ctx, self.feature_loss(ctx))
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         f = self.features(x)

@@ -14,14 +14,9 @@ Options: FedRoD's (gamma) and NPR's (num_subclusters, lam, sinkhorn_eps, sinkhor
 npr_variant); Table 6: K=4 / lambda 0.1 (skin), K=2 / lambda 0.05 (ICH). With ``lam: 0`` the method
 is FedRoD exactly.
 """
-from __future__ import annotations
-
-from lightning_modules.base import METHODS, ClientContext, Objective
-from lightning_modules.fednpr import NPRMethod
+from lightning_modules.base import METHODS, compose
+from lightning_modules.fednpr import NPRegulariser
 from lightning_modules.fedrod import FedRoD
 
-
-@METHODS.register("fedrod-npr")
-class FedRoDNPR(NPRMethod, FedRoD):
-    def client_objective(self, ctx: ClientContext) -> Objective:
-        return self.npr.objective(self, ctx, self.feature_loss(ctx))
+FedRoDNPR = METHODS.register("fedrod-npr")(
+    compose("FedRoDNPR", FedRoD, terms=(NPRegulariser,), doc=__doc__, module=__name__))

@@ -20,6 +20,7 @@ Choices:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -27,10 +28,61 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective
+from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective, ObjectiveTerm, TermLoss
 from lightning_modules.components.state import FrozenModel
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")
+
+
+def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
+                           temperature: float) -> torch.Tensor:
+    """l_con of MOON's Eq. 3: the positive is the global model's representation, the negative the
+    client's previous model's."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
+    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits / temperature, target)
+
+
+def check_temperature(temperature: float) -> None:
+    if temperature <= 0:
+        raise FedbenchError(f"MOON's temperature must be > 0, got {temperature}.")
+
+
+def reference_models(module: FederatedModule, ctx: ClientContext) -> tuple[FrozenModel, FrozenModel | None]:
+    """The received global model (positive) and the client's own previous model (negative; None
+    before its first participation), both frozen, in eval mode."""
+    previous = ctx.state.get("previous")
+    return FrozenModel(module, ctx.global_state), None if previous is None else FrozenModel(module, previous)
+
+
+def keep_representation(module: FederatedModule, ctx: ClientContext) -> None:
+    """Store the client's representation state (backbone, projection) as its next 'previous' model."""
+    ctx.state["previous"] = {k: v.detach().clone() for k, v in module.state_dict().items()
+                             if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
+
+
+@dataclass(frozen=True)
+class ModelContrast(ObjectiveTerm):
+    """MOON's term mu * l_con on a model whose representation is its pooled features (no projection
+    head): an objective term for any model (``clip-ft-moon``: the fine-tuned CLIP's image embedding)."""
+
+    name: ClassVar[str] = "moon"
+    keeps_client_state: ClassVar[bool] = True  # ctx.state: the client's previous model
+    mu: float = 1.0
+    temperature: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_temperature(self.temperature)
+
+    def for_client(self, module: FederatedModule, ctx: ClientContext) -> TermLoss | None:
+        positive, negative = reference_models(module, ctx)
+        if self.mu == 0 or negative is None:
+            return None
+        return lambda batch, f: self.mu * model_contrastive_loss(f, positive.features(batch[0]),
+                                                                 negative.features(batch[0]), self.temperature)
+
+    def on_client_end(self, module: FederatedModule, ctx: ClientContext) -> None:
+        keep_representation(module, ctx)
 
 
 @METHODS.register("moon")
@@ -39,8 +91,7 @@ class Moon(FederatedModule):
 
     def __init__(self, *args, mu: float = 1.0, temperature: float = 0.5, projection_dim: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if temperature <= 0:
-            raise FedbenchError(f"MOON's temperature must be > 0, got {temperature}.")
+        check_temperature(temperature)
         if projection_dim < 0:
             raise FedbenchError(f"MOON's projection_dim must be >= 0 (0 = no projection head), got {projection_dim}.")
         self.mu, self.temperature = mu, temperature
@@ -58,16 +109,11 @@ class Moon(FederatedModule):
         return self.head(self.representation(x))
 
     def contrastive_loss(self, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
-        logits = torch.stack([F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
-        target = torch.zeros(len(z), dtype=torch.long, device=z.device)
-        return F.cross_entropy(logits / self.temperature, target)
+        return model_contrastive_loss(z, z_glob, z_prev, self.temperature)
 
     # ---- client ----------------------------------------------------------------------------
     def reference_models(self, ctx: ClientContext) -> tuple[FrozenModel, FrozenModel | None]:
-        """The received global model (positive) and the client's own previous model (negative;
-        None before its first participation), both frozen, in eval mode."""
-        previous = ctx.state.get("previous")
-        return FrozenModel(self, ctx.global_state), None if previous is None else FrozenModel(self, previous)
+        return reference_models(self, ctx)
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         positive, negative = self.reference_models(ctx)
@@ -85,5 +131,4 @@ class Moon(FederatedModule):
         return loss
 
     def on_client_end(self, ctx: ClientContext) -> None:
-        ctx.state["previous"] = {k: v.detach().clone() for k, v in self.state_dict().items()
-                                 if k.split(".", 1)[0] in REPRESENTATION_PREFIXES}
+        keep_representation(self, ctx)

@@ -154,7 +154,7 @@ def test_local_loss_is_bsm_plus_weighted_npr_and_eval_uses_plain_logits(variant,
     ctx = toy_context(module)
     module.train()
     objective = module.client_objective(ctx)
-    assert module.npr.weight == weight
+    assert module.terms["npr"].weight == weight
     x, y = ctx.data.to_float(ctx.indices[:40])
     torch.manual_seed(1)
     loss = objective((x, y))
@@ -178,10 +178,10 @@ def test_public_code_variant_draws_assignments_from_the_client_generator():
     a, b, c = toy_context(module), toy_context(module), toy_context(module)
     c.generator = torch.Generator().manual_seed(99)
     module.eval()
-    pa, pb, pc = (module.npr.client_prototypes(module, ctx) for ctx in (a, b, c))
+    pa, pb, pc = (module.terms["npr"].client_prototypes(module, ctx) for ctx in (a, b, c))
     assert torch.equal(pa, pb) and (pa - pc).abs().max() > 1e-3
     paper = toy_module("fednpr")
-    assert (paper.npr.client_prototypes(paper, toy_context(paper)) - pa).abs().max() > 1e-3
+    assert (paper.terms["npr"].client_prototypes(paper, toy_context(paper)) - pa).abs().max() > 1e-3
 
 
 def test_fedavg_npr_without_weight_skips_npr():
@@ -196,7 +196,7 @@ def test_fedavg_npr_without_weight_skips_npr():
 
 def test_npr_composes_with_another_method_in_a_few_lines(tiny_cfg):
     """FedBABU + NPR (FedNPR, Table 6; lightning_modules/fedbabu_npr.py) on the per-client contract:
-    the NPR options come from NPRMethod, the objective adds NPR explicitly; FedBABU's head stays frozen
+    the NPR options come from its NPR objective term (module.terms["npr"]), added to FedBABU's feature loss; FedBABU's head stays frozen
     and its evaluation fine-tuning (a phase outside the objective) gets no NPR."""
     from lightning_modules.fedbabu_npr import FedBABUNPR
 

@@ -1,7 +1,7 @@
 """FedNPR's components and compositions (issue 17). Table 4: FedNPR(-Per) without the balanced softmax
 (``balanced_softmax: false``) or without NPR (``lam: 0``). Table 6: NPR added to FedBABU, FedRep and
-FedRoD as registered methods, each one file composed on the per-client contract (NPRMethod gives the
-options, the objective adds NPR)."""
+FedRoD as registered methods, each one file composed on the per-client contract (the NPRegulariser
+term gives the options and is added to the host's feature loss)."""
 from __future__ import annotations
 
 import pytest
