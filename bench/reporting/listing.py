@@ -33,12 +33,21 @@ def one_line(text: str, width: int = WIDTH) -> str:
     return textwrap.shorten(text, width, placeholder=" ...") if text else ""
 
 
+def source_line(cls: type) -> int:
+    """Where ``cls`` is defined in its module; a class made by ``compose()`` (type(), no class statement)
+    comes after the module's own classes."""
+    try:
+        return inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return 10**9
+
+
 def method_descriptions() -> dict[str, str]:
     """Registered method name -> one line: the paper and what it does."""
     modules: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for name in METHODS.names():
         cls = METHODS.get(name)
-        modules[cls.__module__].append((inspect.getsourcelines(cls)[1], name))
+        modules[cls.__module__].append((source_line(cls), name))
     out = {}
     for module, members in modules.items():
         module_doc = first_paragraph(sys.modules[module].__doc__)
