@@ -92,23 +92,25 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     gpus = job_gpus(jobs, visible_gpus(configs[0].accelerator)) if configs else []
     context = multiprocessing.get_context("spawn")
     bar = tqdm(total=len(todo), desc=desc, unit="run")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
-                             initargs=(threads, gpus, context.Value("i", 0), os.getpid())) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
+                               initargs=(threads, gpus, context.Value("i", 0), os.getpid()))
+    try:  # from the first submit on: a Ctrl-C while the workers start stops them too (not after their runs)
         futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations, identity(r) if identity else None): r
                    for cfg, r in zip(configs, todo)}
-        try:
-            for future in as_completed(futures):
-                err = future.exception()
-                if err is not None:  # runs already going finish (their records are valid); the rest never start
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    bar.close()
-                    raise FedbenchError(f"{label(futures[future])}: {err}") from err
-                bar.update(1)
-                bar.set_postfix_str(future.result())
-        except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: stop the workers now, not after their runs
-            bar.close()
-            stop_workers(pool)
-            raise
+        for future in as_completed(futures):
+            err = future.exception()
+            if err is not None:  # runs already going finish (their records are valid); the rest never start
+                pool.shutdown(wait=False, cancel_futures=True)
+                bar.close()
+                raise FedbenchError(f"{label(futures[future])}: {err}") from err
+            bar.update(1)
+            bar.set_postfix_str(future.result())
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: stop the workers now, not after their runs
+        bar.close()
+        stop_workers(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True)
     bar.close()
 
 
