@@ -385,10 +385,11 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
     if fabric is None:
         one_client = METHODS.get(cfg.method.name).runs_centrally
         cfg, layout = resolve_workers(cfg, one_client)
-        if cfg.threads is None and rank_threads(cfg, one_client) is not None:
+        threads = rank_threads(cfg, one_client)
+        if cfg.threads is None and threads is not None:
             cfg = copy.deepcopy(cfg)
-            cfg.threads = rank_threads(cfg, one_client)
-            layout += f"; {cfg.threads} torch thread per rank (results do not depend on the rank count; --threads N)"
+            cfg.threads = threads
+            layout += f"; {threads} torch thread per rank (results do not depend on the rank count; --threads N)"
     else:  # the caller's Fabric decides
         cfg, layout = copy.deepcopy(cfg), "the caller's Fabric"
         cfg.devices = fabric.world_size

@@ -54,9 +54,12 @@ def start_table(tmp_path: Path, tag: str) -> subprocess.Popen:
     config = tmp_path / "t.yaml"
     config.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "FEDBENCH_TEST_TAG": tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # SIGINT as a shell gives a foreground command (the test process may ignore it, and an ignored SIGINT
+    # is inherited: Python then installs no KeyboardInterrupt handler)
     return subprocess.Popen([sys.executable, "-m", "bench.cli", "table", "--config", str(config), "--jobs", "2",
                              "--output-dir", str(tmp_path / "runs"), "--tables-dir", str(tmp_path / "tables")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
