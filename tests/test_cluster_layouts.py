@@ -25,6 +25,18 @@ TORCHRUN = {"TORCHELASTIC_RUN_ID": "r1", "RANK": "5", "LOCAL_RANK": "1", "WORLD_
             "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 
 
+@pytest.fixture(autouse=True)
+def rank_zero_restored():
+    """Building a DDP Fabric as rank 3 or 5 sets Lightning's process-wide rank_zero_only.rank; restore it,
+    or later tests in this worker process log as a non-zero rank (their loggers then write nothing)."""
+    from lightning.fabric.utilities import rank_zero as fabric_rz
+    from lightning_utilities.core import rank_zero as utils_rz
+
+    saved = fabric_rz.rank_zero_only.rank, utils_rz.rank_zero_only.rank
+    yield
+    fabric_rz.rank_zero_only.rank, utils_rz.rank_zero_only.rank = saved
+
+
 @pytest.fixture
 def slurm(monkeypatch):
     for key in (*TORCHRUN, "SLURM_GPUS_PER_TASK"):
