@@ -32,6 +32,7 @@ CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round'
 RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
 RANK_SAMPLES = "__rank_samples"  # each rank's samples trained this round
 TRAIN_LOSS = "__train_loss"  # [sum of loss x batch size, samples] over the round's local steps
+TERM_LOSS = "__term_loss/"  # + an objective term's name: the same for that term (logged as method/<name>_loss)
 
 
 def loss_upload(losses: list, device) -> torch.Tensor:
@@ -82,7 +83,7 @@ class RoundLog:
     rank_busy_seconds: list[float] = field(default_factory=list)
     rank_idle_seconds: list[float] = field(default_factory=list)
     train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
-    method_scalars: dict[str, float] = field(default_factory=dict)  # the method's round_scalars (FedBM, Scaffold)
+    method_scalars: dict[str, float] = field(default_factory=dict)  # objective terms' mean losses + round_scalars
 
 
 def server_context(fabric, num_clients: int) -> ServerContext:
@@ -217,11 +218,11 @@ class Federation:
         busy[self.rank], samples[self.rank] = time.perf_counter() - t0, seen
         buf.add_extras({RANK_BUSY: busy, RANK_SAMPLES: samples})
         self.all_reduce_round(buf, r, error)
-        busy_seconds, seen, train_loss = self.apply_round(buf, keys, r)
+        busy_seconds, seen, train_loss, term_losses = self.apply_round(buf, keys, r)
         log = RoundLog(r, sampled, lr_for_round(self.cfg, r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
-                       train_loss=train_loss, method_scalars=self.module.round_scalars(r))
+                       train_loss=train_loss, method_scalars={**term_losses, **self.module.round_scalars(r)})
         if self.is_eval_round(r):
             t = time.perf_counter()
             log.metrics = self.evaluate(r)
@@ -236,6 +237,7 @@ class Federation:
         extra_shapes[CLIENT_METRICS] = (len(self.clients), n_metrics + 1)
         extra_shapes[RANK_BUSY] = extra_shapes[RANK_SAMPLES] = (self.world,)
         extra_shapes[TRAIN_LOSS] = (2,)
+        extra_shapes.update({TERM_LOSS + name: (2,) for name in self.module.terms})
         return RoundBuffer({k: self.global_state[k].shape for k in self.shared}, extra_shapes, self.fabric.device)
 
     def train_share(self, r: int, mine: list[int], buf: RoundBuffer, keys: list[str]):
@@ -265,6 +267,8 @@ class Federation:
                 extras = {**extras, CLIENT_METRICS: row}
             if ctx.losses:
                 extras = {**extras, TRAIN_LOSS: loss_upload(ctx.losses, buf.buf.device)}
+            extras = {**extras, **{TERM_LOSS + name: loss_upload(steps, buf.buf.device)
+                                   for name, steps in ctx.term_losses.items() if steps}}
             buf.add_client({k: self.model_state[k] for k in self.shared}, weight, extras)
         return error, seen, train_time
 
@@ -279,9 +283,11 @@ class Federation:
                 other_rank_error(self.rank, self.world)
                 or f"Round {r}: a client on another rank failed (see that rank's error above).")
 
-    def apply_round(self, buf: RoundBuffer, keys: list[str], r: int) -> tuple[list[float], int, float | None]:
+    def apply_round(self, buf: RoundBuffer, keys: list[str], r: int
+                    ) -> tuple[list[float], int, float | None, dict[str, float]]:
         """Aggregate the reduced buffer into the global state, keep the per-client metrics, step the
-        server: (each rank's busy seconds, samples seen over all ranks, the round's mean training loss)."""
+        server: (each rank's busy seconds, samples seen over all ranks, the round's mean training loss,
+        each objective term's mean loss as ``<term>_loss``)."""
         if self.shared:
             copy_into(self.global_state, buf.averaged_state())
         extras = buf.summed_extras()
@@ -289,11 +295,16 @@ class Federation:
         seen = int(extras.pop(RANK_SAMPLES).sum())  # over all ranks
         table = extras.pop(CLIENT_METRICS)
         loss_sum, loss_samples = extras.pop(TRAIN_LOSS).tolist()
+        term_losses = {}
+        for name in self.module.terms:
+            term_sum, term_samples = extras.pop(TERM_LOSS + name).tolist()
+            if term_samples:
+                term_losses[f"{name}_loss"] = term_sum / term_samples
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
         self.module.server_step(self.global_state, extras, r, self.server)
-        return busy_seconds, seen, (loss_sum / loss_samples if loss_samples else None)
+        return busy_seconds, seen, (loss_sum / loss_samples if loss_samples else None), term_losses
 
     def test_due(self, r: int, val_metrics: dict[str, float]) -> bool:
         """Whether round r's evaluation scores the test set too: with ``fed.test_rounds: all`` at every

@@ -155,6 +155,7 @@ class ClientContext:
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # Fabric's precision
     loss_scaling: bool = False  # float16 autocast: scale the loss (run_epochs, needs_loss_scaling)
     losses: list = field(default_factory=list)  # (loss x batch size, batch size) per local step, for logging
+    term_losses: dict = field(default_factory=dict)  # term name -> its (loss x batch size, batch size) per step
     uploads: dict[str, torch.Tensor] = field(default_factory=dict)  # extra tensors sent this round (summed)
 
     @property
@@ -405,14 +406,17 @@ class FederatedModule(L.LightningModule):
         term is prepared for this client first (NPR: its prototypes from the received model). A
         ``supervised`` term that is on replaces loss(f, y) (its own loss holds the head's CE)."""
         prepared = [(term, term.for_client(self, ctx)) for term in self.terms.values()]
-        extra = [term_loss for _, term_loss in prepared if term_loss is not None]
+        extra = [(term.name, term_loss) for term, term_loss in prepared if term_loss is not None]
         host = None if any(term.supervised and term_loss is not None for term, term_loss in prepared) else loss
 
         def objective(batch: Batch) -> torch.Tensor:
             f = self.features(batch[0])
             total = None if host is None else host(f, batch[1])
-            for term in extra:
-                total = term(batch, f) if total is None else total + term(batch, f)
+            for name, term in extra:
+                value = term(batch, f)
+                # kept per step for the round's curve of this term (detached, on the device: no host sync)
+                ctx.term_losses.setdefault(name, []).append((value.detach() * len(batch[1]), len(batch[1])))
+                total = value if total is None else total + value
             return total
 
         return objective

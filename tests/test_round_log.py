@@ -55,3 +55,45 @@ def test_methods_expose_their_own_round_scalars(tiny_cfg, tmp_path):
     assert len(norms) == 2 and all(n > 0 for n in norms)
     logged = round_scalars(record["history"][0], {"down": 1, "up": 1})
     assert logged["method/control_variate_norm"] == norms[0]
+
+
+def test_objective_terms_log_their_mean_loss_per_round(tiny_cfg, monkeypatch):
+    """Each objective term a method holds (FedProx's proximal, FedNPR's NPR, MOON's, FedNTD's) gives its
+    round curve, ``method/<term>_loss``: the batch-size-weighted mean of its value over the round's local
+    steps, gathered in the round's one all-reduce as the training loss is. A method without terms, or a
+    term that is off (mu = 0), adds none."""
+    from bench.experiment import round_scalars
+    from lightning_modules.fedprox import ProximalTerm
+
+    seen: list[tuple[int, float, int]] = []
+    original = ProximalTerm.for_client
+
+    def spy(self, module, ctx):
+        term = original(self, module, ctx)
+        if term is None:
+            return None
+
+        def value(batch, f):
+            v = term(batch, f)
+            seen.append((ctx.round_idx, float(v.detach()), len(batch[1])))
+            return v
+
+        return value
+
+    monkeypatch.setattr(ProximalTerm, "for_client", spy)
+    record, _ = run_in_process(tiny_cfg(**{"method.name": "fedprox", "method.args": {"mu": 0.5},
+                                           "fed.rounds": 3, "fed.local_epochs": 2}))
+    for entry in record["history"]:
+        steps = [(v, n) for r, v, n in seen if r == entry["round"]]
+        assert sum(n for _, n in steps) == entry["samples_trained"]
+        expected = sum(v * n for v, n in steps) / sum(n for _, n in steps)
+        assert entry["method_scalars"]["prox_loss"] == pytest.approx(expected, rel=1e-6)
+    assert record["history"][-1]["method_scalars"]["prox_loss"] > 0  # clients move away from the global model
+    assert round_scalars(record["history"][-1], {"down": 1, "up": 1})["method/prox_loss"] == \
+        record["history"][-1]["method_scalars"]["prox_loss"]
+    off, _ = run_in_process(tiny_cfg(**{"method.name": "fedprox", "method.args": {"mu": 0.0}}))
+    plain, _ = run_in_process(tiny_cfg(**{"method.name": "fedavg"}))
+    assert all(h["method_scalars"] == {} for h in off["history"] + plain["history"])
+    npr, _ = run_in_process(tiny_cfg(**{"method.name": "fednpr", "fed.rounds": 2}))
+    assert all(set(h["method_scalars"]) == {"npr_loss"} and h["method_scalars"]["npr_loss"] >= 0
+               for h in npr["history"])
