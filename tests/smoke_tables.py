@@ -5,6 +5,8 @@ Every ``configs/tables/*.yaml`` (found by glob, so a config added later is smoke
     fedbench table --config X --data-home <fixtures> --seeds <its first seed> --devices 1 \\
         --set fed.rounds=2 --set data.image_size=16 --set partition.num_clients=3 ...
 
+(a cross-validation table, ``folds: K``, runs its first fold: ``--folds 0``)
+
 on a temporary data home holding every dataset in its official archive layout
 (tests/official_layouts.py: Kvasir JPEGs of mixed sizes, OCT-C8 split folders, MedMNIST+ npz,
 FLamby Fed-ISIC2019, RSNA-ICH PNGs, brain-tumour and skin-cancer folders, CIFAR pickles, CINIC
@@ -139,6 +141,8 @@ def smoke_command(config: Path, home: Path, work: Path) -> list[str]:
     spec = load_table_config(str(config))
     argv = ["table", "--config", str(config), "--data-home", str(home), "--seeds", str(spec["seeds"][0]),
             "--devices", "1", "--output-dir", str(work / "runs"), "--tables-dir", str(work / "tables")]
+    if spec.get("folds"):  # a cross-validation table: its first fold, as the others run their first seed
+        argv += ["--folds", "0"]
     for key, value in smoke_sets(config, work / "cache").items():
         argv += ["--set", f"{key}={value}"]
     return argv

@@ -199,15 +199,11 @@ def test_a_run_without_a_fold_keeps_its_name_and_identity(config):
         assert r.cfg.run_name().endswith(f"_s{r.cfg.seed}")
 
 
-def test_a_table_with_folds_runs_each_fold_once_and_says_so(tmp_path, capsys):
-    """`fedbench table` on a folds table: one record per row and fold, every digit tested once per row,
-    rows paired over the folds, and the rendered table says it is over the folds."""
-    config = tmp_path / "foldcheck_digits.yaml"
-    config.write_text(f"""table: foldcheck
+FOLD_TABLE = """table: foldcheck
 dataset: digits
 title: "Fold check"
 base:
-  data: {{name: digits, cache_dir: {tmp_path / 'cache'}}}
+  data: {{name: digits, cache_dir: {tmp_path}/cache}}
   partition: {{scheme: iid, num_clients: 2}}
   fed: {{rounds: 1, batch_size: 64}}
   method: {{backbone: simple-cnn-w8}}
@@ -219,9 +215,20 @@ metrics: [accuracy]
 rows:
   - {{label: FedAvg, method: {{name: fedavg}}}}
   - {{label: FedProx, method: {{name: fedprox, args: {{mu: 0.01}}}}}}
-""")
-    argv = ["table", "--config", str(config), "--devices", "1", "--output-dir", str(tmp_path / "runs"),
+"""
+
+
+def fold_table_argv(tmp_path: Path) -> list[str]:
+    config = tmp_path / "foldcheck_digits.yaml"
+    config.write_text(FOLD_TABLE.format(tmp_path=tmp_path))
+    return ["table", "--config", str(config), "--devices", "1", "--output-dir", str(tmp_path / "runs"),
             "--tables-dir", str(tmp_path / "tables")]
+
+
+def test_a_table_with_folds_runs_each_fold_once_and_says_so(tmp_path, capsys):
+    """`fedbench table` on a folds table: one record per row and fold, every digit tested once per row,
+    rows paired over the folds, and the rendered table says it is over the folds."""
+    argv = fold_table_argv(tmp_path)
     assert main(argv) == 0, capsys.readouterr().err
     records = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "foldcheck_digits").glob("*_*.json"))
                if not p.is_symlink()]
@@ -239,3 +246,31 @@ rows:
     cells = {c["method"]: c for c in table["cells"]}
     assert cells["FedAvg"]["seeds"] == [0, 1, 2] and len(cells["FedAvg"]["values"]) == 3
     assert cells["FedProx"]["paired"]["seeds"] == [0, 1, 2]  # paired fold by fold
+
+
+def test_folds_option_runs_only_those_folds_as_a_reduced_table(tmp_path, capsys):
+    """`--folds 1` (as --seeds for seeds; the smoke tables use it): one record per row for fold 1 only, a
+    reduced table that names the folds it is over; a fold outside 0..K-1, or --folds on a table without
+    folds, is one error before any run."""
+    argv = fold_table_argv(tmp_path)
+    assert main(argv + ["--folds", "1"]) == 0, capsys.readouterr().err
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / "foldcheck_digits").glob("*_*.json"))
+               if not p.is_symlink()]
+    assert sorted((r["method"], r["config"]["data"]["fold"], r["config"]["data"]["folds"]) for r in records) == \
+        [("fedavg", 1, 3), ("fedprox", 1, 3)]
+    (md_path,) = (tmp_path / "tables").glob("foldcheck_digits__reduced-*.md")
+    md = md_path.read_text()
+    assert not (tmp_path / "tables" / "foldcheck_digits.md").exists()
+    assert "mean ± std over fold 1 of the 3 folds (3-fold cross-validation, seed 0)" in md.splitlines()[0]
+    assert "- folds [1] of the config's 3 (data.fold 0..2)" in md
+    table = json.loads(md_path.with_suffix(".json").read_text())
+    assert {c["method"]: c["seeds"] for c in table["cells"]} == {"FedAvg": [1], "FedProx": [1]}
+    before = sorted(p.name for p in (tmp_path / "runs").rglob("*"))
+    for wrong, says in (("3", "choose among the config's folds 0..2"), ("x", "fold numbers separated by commas")):
+        assert main(argv + ["--folds", wrong]) == 2
+        assert says in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "runs").rglob("*")) == before
+    seeds_table = tmp_path / "seeds.yaml"
+    seeds_table.write_text(FOLD_TABLE.format(tmp_path=tmp_path).replace("folds: 3\n", "").replace("[0]", "[0, 1]"))
+    assert main(["table", "--config", str(seeds_table), "--folds", "0"]) == 2
+    assert "this table has no folds (it repeats over seeds; use --seeds)" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from smoke_tables import check_table, run_config, smoke_sets
+from smoke_tables import check_table, run_config, smoke_command, smoke_sets
 
 from bench.experiment import method_arg_names
 from bench.reporting.table_overrides import TableOverrides
@@ -22,6 +22,24 @@ CONFIGS = sorted((REPO / "configs" / "tables").glob("*.yaml"))
 # the fewest clients >= 3 for which every shards-s column of the config cuts each class into whole shards
 PER_CLASS_SHARD_CLIENTS = {"fstcbdg_cifar10": 10, "fstcbdg_cifar100": 10, "fstcbdg_cinic10": 5,
                            "fstcbdg_fashion-mnist": 5, "fstcbdg_sigma_cifar10": 5, "fstcbdg_sigma_fashion-mnist": 5}
+
+
+def test_a_cross_validation_config_smokes_its_first_fold(tmp_path):
+    """A ``folds: K`` table (FedNPR's) runs fold 0 only, as the others run their first seed: every row once."""
+    fold_configs = 0
+    for config in CONFIGS:
+        spec = load_table_config(str(config))
+        argv = smoke_command(config, tmp_path, tmp_path)
+        if not spec.get("folds"):
+            assert "--folds" not in argv, config.name
+            continue
+        fold_configs += 1
+        assert argv[argv.index("--folds") + 1] == "0", config.name
+        overrides = TableOverrides.parse(spec, [], argv[argv.index("--seeds") + 1], None, "0")
+        runs = plan_runs(overrides.select(spec), str(tmp_path / "runs"))
+        assert {r.cfg.data.fold for r in runs} == {0} and {r.cfg.data.folds for r in runs} == {spec["folds"]}
+        assert len(runs) == len(plan_runs(spec, str(tmp_path / "runs"))) // spec["folds"], config.name
+    assert fold_configs == 4  # fednpr_ich, fednpr_isic and their ablations
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])

@@ -155,6 +155,22 @@ def pick_seeds(spec: dict, wanted: str | None) -> list[int] | None:
     return list(dict.fromkeys(seeds))
 
 
+def pick_folds(spec: dict, wanted: str | None) -> list[int] | None:
+    """The folds named by --folds ('0' or '0,2'), k of the config's ``folds: K`` (0 <= k < K)."""
+    if wanted is None:
+        return None
+    if not spec.get("folds"):
+        raise FedbenchError(f"--folds {wanted}: this table has no folds (it repeats over seeds; use --seeds).")
+    try:
+        folds = [int(s) for s in wanted.split(",") if s.strip()]
+    except ValueError as err:
+        raise FedbenchError(f"--folds expects fold numbers separated by commas (e.g. --folds 0,1), got {wanted!r}."
+                            ) from err
+    if not folds or any(not 0 <= k < spec["folds"] for k in folds):
+        raise FedbenchError(f"--folds {wanted}: choose among the config's folds 0..{spec['folds'] - 1}.")
+    return sorted(set(folds))
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
@@ -166,13 +182,17 @@ class TableOverrides:
     sets: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] | None = None
     rows: list[str] | None = None
+    folds: list[int] | None = None  # --folds: these of the config's K folds only
     applied_to: dict[str, list[str]] = field(default_factory=dict)  # method.args key -> row labels it changed
 
     @classmethod
-    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | None, rows: list[str] | None) -> TableOverrides:
-        out = cls(checked_sets(sets or []), pick_seeds(spec, seeds), pick_rows(spec, rows))
+    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | None, rows: list[str] | None,
+              folds: str | None = None) -> TableOverrides:
+        out = cls(checked_sets(sets or []), pick_seeds(spec, seeds), pick_rows(spec, rows), pick_folds(spec, folds))
         if out.seeds == spec["seeds"]:
             out.seeds = None
+        if out.folds is not None and out.folds == list(range(spec["folds"])):
+            out.folds = None
         if out.rows is not None and out.rows == list(dict.fromkeys(r["label"] for r in spec["rows"])):
             out.rows = None
         return out
@@ -184,7 +204,7 @@ class TableOverrides:
 
     @property
     def full_budget(self) -> bool:
-        return not self.budget_sets and self.seeds is None and self.rows is None
+        return not self.budget_sets and self.seeds is None and self.rows is None and self.folds is None
 
     def select(self, spec: dict) -> dict:
         """A copy of the table config restricted to the chosen seeds and rows."""
@@ -193,6 +213,8 @@ class TableOverrides:
             out["seeds"] = list(self.seeds)
         if self.rows is not None:
             out["rows"] = [r for r in out["rows"] if r["label"] in self.rows]
+        if self.folds is not None:
+            out["run_folds"] = list(self.folds)  # table_repeats runs these folds of the K
         return out
 
     def experiment(self, experiment: str) -> str:
@@ -203,7 +225,8 @@ class TableOverrides:
         """The rendered table's file name stem: never the full table's when the budget is not the config's."""
         if self.full_budget:
             return name
-        return f"{name}__reduced-{_digest([self.budget_sets, self.seeds, self.rows])}"
+        chosen = [self.budget_sets, self.seeds, self.rows] + ([self.folds] if self.folds is not None else [])
+        return f"{name}__reduced-{_digest(chosen)}"
 
     def apply(self, runs: list) -> None:
         """Set every override in every planned run (method.args.* where the method accepts it)."""
@@ -262,6 +285,8 @@ class TableOverrides:
             lines.append(f"- --set {key}={json.dumps(value)}{where}")
         if self.seeds is not None:
             lines.append(f"- seeds {self.seeds} of the config's {spec['seeds']}")
+        if self.folds is not None:
+            lines.append(f"- folds {self.folds} of the config's {spec['folds']} (data.fold 0..{spec['folds'] - 1})")
         if self.rows is not None:
             total = len(dict.fromkeys(r["label"] for r in spec["rows"]))
             lines.append(f"- {len(self.rows)} of the config's {total} rows: {', '.join(self.rows)}")

@@ -166,7 +166,8 @@ def table_repeats(spec: dict[str, Any], experiment: str) -> list[tuple[int, int 
     if len(spec["seeds"]) != 1:
         raise FedbenchError(f"Table {experiment}: with folds: {folds} the runs repeat over the folds; seeds must "
                             f"name the one seed every fold trains with, got {spec['seeds']}.")
-    return [(k, k, {"seed": spec["seeds"][0], "data": {"fold": k, "folds": folds}}) for k in range(folds)]
+    run = spec.get("run_folds", range(folds))  # --folds: some of them (table_overrides.pick_folds)
+    return [(k, k, {"seed": spec["seeds"][0], "data": {"fold": k, "folds": folds}}) for k in run]
 
 
 def fold_legend(spec: dict[str, Any]) -> dict[str, Any]:
@@ -175,12 +176,15 @@ def fold_legend(spec: dict[str, Any]) -> dict[str, Any]:
     folds = spec.get("folds")
     if folds is None:
         return spec
-    seed = spec["seeds"][0]
+    from bench.reporting.tables import folds_run
+
+    seed, which = spec["seeds"][0], folds_run(spec)
     title = spec.get("title", f"{spec['table']}_{spec['dataset']}")
-    notes = (f"Cross-validation: every mean ± std is over the {folds} folds of {folds}-fold cross-validation (fold k "
+    notes = (f"Cross-validation: every mean ± std is over {which} of {folds}-fold cross-validation (fold k "
              f"tests on the k-th of {folds} folds of the pooled data, stratified by class and by site, and trains on "
              f"the other folds; seed {seed} in every fold); rows are paired fold by fold.")
-    return {**spec, "title": f"{title} — mean ± std over {folds} folds ({folds}-fold cross-validation, seed {seed})",
+    return {**spec, "title": f"{title} — mean ± std over {folds_run(spec, article='')} ({folds}-fold "
+                             f"cross-validation, seed {seed})",
             "notes": f"{notes}\n{spec.get('notes') or ''}"}
 
 
@@ -313,6 +317,8 @@ def build_parser() -> FlagParser:
                         help="override a run option in every run, e.g. --set fed.rounds=2 --set data.image_size=64 "
                              "(repeatable; the table is then labelled and filed as a reduced run)")
     parser.add_argument("--seeds", default=None, help="run only these of the config's seeds, e.g. --seeds 0 or 0,1")
+    parser.add_argument("--folds", default=None,
+                        help="in a table with folds: K, run only these folds, e.g. --folds 0 or 0,2 (a reduced run)")
     parser.add_argument("--rows", action="append", default=None,
                         help="run only these rows, by label: --rows FedAvg,FedBM (repeat --rows for labels with commas)")
     parser.add_argument("--shard", default=None, metavar="I/N",
@@ -333,7 +339,7 @@ def main(argv: list[str]) -> int:
         set_data_home(args.data_home)
     full_spec = load_table_config(args.config)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
-    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows)
+    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows, args.folds)
     spec = overrides.select(full_spec)
     runs = plan_runs(spec, args.output_dir, check_records=False)
     overrides.apply(runs)

@@ -239,6 +239,15 @@ def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labe
 EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean": "client-mean"}
 
 
+def folds_run(spec: dict, article: str = "the ") -> str:
+    """Which folds a fold table's mean ± std is over: "the 5 folds" ("5 folds" with article=""), or with
+    --folds "fold 0 of the 5 folds"."""
+    folds, run = spec["folds"], spec.get("run_folds")
+    if run is None:
+        return f"{article}{folds} folds"
+    return f"fold{'s' if len(run) > 1 else ''} {', '.join(str(k) for k in run)} of the {folds} folds"
+
+
 def repeat_word(spec: dict) -> str:
     """What a table repeats its runs over, as its legend and warnings name it: "fold" with ``folds``, else "seed"."""
     return "fold" if spec.get("folds") else "seed"
@@ -285,7 +294,7 @@ def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol
     """The table's legend, one Markdown bullet per kind of column and mark."""
     shown = ", ".join(papers) or "none"
     each = repeat_word(spec)
-    over = (f"the {spec['folds']} folds (data.fold 0..{spec['folds'] - 1}; seed {spec['seeds'][0]} in every fold)"
+    over = (f"{folds_run(spec)} (data.fold 0..{spec['folds'] - 1}; seed {spec['seeds'][0]} in every fold)"
             if spec.get("folds") else f"seeds {spec['seeds']}")
     lines = [f"Ours: mean ± sample std over {over} (%). {protocol_note(labels, protocols, spec.get('round_rule'))}"]
     if baseline is not None:
