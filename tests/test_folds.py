@@ -265,6 +265,10 @@ def test_folds_option_runs_only_those_folds_as_a_reduced_table(tmp_path, capsys)
     assert "- folds [1] of the config's 3 (data.fold 0..2)" in md
     table = json.loads(md_path.with_suffix(".json").read_text())
     assert {c["method"]: c["seeds"] for c in table["cells"]} == {"FedAvg": [1], "FedProx": [1]}
+    # the full table rendered from these records: every cell has 1 of its 3 folds, and says so in folds
+    assert main(argv + ["--render-only"]) == 0, capsys.readouterr().err
+    full = (tmp_path / "tables" / "foldcheck_digits.md").read_text()
+    assert full.count("(1/3 folds)") == 2 and "seeds)" not in full
     before = sorted(p.name for p in (tmp_path / "runs").rglob("*"))
     for wrong, says in (("3", "choose among the config's folds 0..2"), ("x", "fold numbers separated by commas")):
         assert main(argv + ["--folds", wrong]) == 2

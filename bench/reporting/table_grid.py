@@ -16,12 +16,13 @@ from bench.reporting.paper_compare import PAPER_NAMES
 MAX_COLUMNS = 13  # Method + at most 12 value columns in one Markdown table
 
 
-def fmt(cell: dict) -> str:
+def fmt(cell: dict, each: str = "seed") -> str:
+    """A cell's mean ± std; ``each``: what the table repeats over (seed, or fold in a fold table)."""
     if cell["mean"] is None:
-        return f"missing (0/{cell['expected']} seeds)"
+        return f"missing (0/{cell['expected']} {each}s)"
     text = f"{cell['mean']:.2f}" + ("" if cell["std"] is None else f" ± {cell['std']:.2f}")
     if len(cell["values"]) < cell["expected"]:
-        text += f" ({len(cell['values'])}/{cell['expected']} seeds)"
+        text += f" ({len(cell['values'])}/{cell['expected']} {each}s)"
     if cell.get("warnings"):
         text += " ⚠"
     if cell.get("marks"):
@@ -83,6 +84,7 @@ class Grid:
     rows: list[list[str]] = field(default_factory=list)
     footnotes: dict[str, int] = field(default_factory=dict)
     layout: list[tuple[Column, str, list[str | None]]] = field(default_factory=list)
+    each: str = "seed"  # what the table repeats over (tables.repeat_word): "fold" in a fold table
 
 
 def grid_header(grid: Grid, cells: dict, labels: list[str], columns: list[Column], metrics: list[str],
@@ -110,7 +112,8 @@ def grid_rows(grid: Grid, cells: dict, labels: list[str], baseline: str | None) 
         row = [label]
         for col, m, shown_groups in grid.layout:
             cell = cells[(label, col.id, m)]
-            row.append(f"**{fmt(cell)}**" if cell["best"] else fmt(cell))
+            text = fmt(cell, grid.each)
+            row.append(f"**{text}**" if cell["best"] else text)
             if baseline is not None:
                 row.append(fmt_paired(cell))
             for p in shown_groups:

@@ -419,7 +419,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
     config; ``reduced``: not the config's budget, which the title then says."""
     a = assemble(spec, runs, papers_root)
-    grid = Grid()
+    grid = Grid(each=repeat_word(spec))
     grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
     grid_rows(grid, a.cells, a.labels, a.baseline)
     name = name or f"{spec['table']}_{spec['dataset']}"
