@@ -5,15 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-from test_tables import FEDAVG, SPEC, fake_record
+from test_tables import SPEC, write_fake_records
 
-from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
 from bench.reporting.coverage import count_sources
 from bench.reporting.paper_numbers import load_paper_numbers, lookup
 from bench.reporting.paper_sources import FACETS, KINDS, applicable_facets, inferred_facets
-from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 
 TABLE_FACETS = {"eval", "round", "hyperparameters", "partition"}
@@ -161,15 +158,7 @@ def test_a_malformed_source_is_one_clear_error_naming_the_file(tmp_path, mutate,
 
 
 def test_the_legend_names_the_inferred_facets_and_links_the_departures(tmp_path):
-    runs = plan_runs(SPEC, str(tmp_path / "runs"))
-    for run in runs:
-        if run.label == "FedAvg" and (run.beta, run.seed) in FEDAVG:
-            acc = FEDAVG[(run.beta, run.seed)]
-        elif run.label == "Central":
-            acc = 90.0 + run.seed
-        else:
-            continue
-        write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, acc))
+    runs = write_fake_records(tmp_path, with_fedrep=False)
     md = Path(render_table(SPEC, runs, str(tmp_path / "tables"))["md"]).read_text()
     legend = next(line for line in md.splitlines() if line.startswith("- Paper:"))
     # FedBM Table II: FedAvg's evaluation, round and optimiser come from FedBM's code; Central Learning's

@@ -48,21 +48,28 @@ def fake_record(run, acc: float, protocol: str = "global") -> dict:
             "best": {"test/accuracy": acc, "test/f1": acc - 10}}
 
 
-@pytest.fixture
-def rendered(tmp_path):
+def write_fake_records(tmp_path, with_fedrep: bool = True) -> list:
+    """SPEC's runs with records: FedAvg's accuracies from FEDAVG, Central 90 + seed, FedRep's rows 80 (per
+    client; with_fedrep), "Ours only" none at all."""
     runs = plan_runs(SPEC, str(tmp_path / "runs"))
     for run in runs:
         if run.label == "FedAvg" and (run.beta, run.seed) in FEDAVG:
             acc = FEDAVG[(run.beta, run.seed)]
         elif run.label == "Central":
             acc = 90.0 + run.seed
-        elif run.label.startswith("FedRep"):
+        elif run.label.startswith("FedRep") and with_fedrep:
             acc = 80.0
         else:
-            continue  # "Ours only" has no record at all
+            continue
         protocol = "per_client" if run.label.startswith("FedRep") else "global"
         write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()),
                    fake_record(run, acc, protocol))
+    return runs
+
+
+@pytest.fixture
+def rendered(tmp_path):
+    runs = write_fake_records(tmp_path)
     paths = render_table(SPEC, runs, str(tmp_path / "tables"))
     return runs, paths
 
