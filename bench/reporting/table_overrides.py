@@ -141,14 +141,20 @@ def pick_rows(spec: dict, wanted: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(chosen))
 
 
+def comma_ints(flag: str, what: str, wanted: str) -> list[int]:
+    """The whole numbers of ``--<flag> 0,2``; one clear error otherwise."""
+    try:
+        return [int(s) for s in wanted.split(",") if s.strip()]
+    except ValueError as err:
+        raise FedbenchError(f"--{flag} expects {what} separated by commas (e.g. --{flag} 0,1), got {wanted!r}."
+                            ) from err
+
+
 def pick_seeds(spec: dict, wanted: str | None) -> list[int] | None:
     """The seeds named by --seeds ('0' or '0,2'), a subset of the config's."""
     if wanted is None:
         return None
-    try:
-        seeds = [int(s) for s in wanted.split(",") if s.strip()]
-    except ValueError as err:
-        raise FedbenchError(f"--seeds expects seeds separated by commas (e.g. --seeds 0,1), got {wanted!r}.") from err
+    seeds = comma_ints("seeds", "seeds", wanted)
     outside = [s for s in seeds if s not in spec["seeds"]]
     if not seeds or outside:
         raise FedbenchError(f"--seeds {wanted}: choose among the config's seeds {spec['seeds']}.")
@@ -161,11 +167,7 @@ def pick_folds(spec: dict, wanted: str | None) -> list[int] | None:
         return None
     if not spec.get("folds"):
         raise FedbenchError(f"--folds {wanted}: this table has no folds (it repeats over seeds; use --seeds).")
-    try:
-        folds = [int(s) for s in wanted.split(",") if s.strip()]
-    except ValueError as err:
-        raise FedbenchError(f"--folds expects fold numbers separated by commas (e.g. --folds 0,1), got {wanted!r}."
-                            ) from err
+    folds = comma_ints("folds", "fold numbers", wanted)
     if not folds or any(not 0 <= k < spec["folds"] for k in folds):
         raise FedbenchError(f"--folds {wanted}: choose among the config's folds 0..{spec['folds'] - 1}.")
     return sorted(set(folds))
