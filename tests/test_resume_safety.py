@@ -158,8 +158,12 @@ def test_wall_seconds_covers_every_session(tiny_cfg, monkeypatch):
     started = time.time()
     record, _ = run_in_process(tiny_cfg(**BASE, experiment="killed", resume=True))
     second = time.time() - started
-    assert first < record["wall_seconds"] <= first + second
-    assert record["wall_seconds"] - second >= pause  # the first session's time is in it
+    # the first session's time (which holds the slow round) is in it, plus the resumed session's own
+    # time, which is positive and at most the resumed call's wall time. (The line this replaces,
+    # wall_seconds - second >= pause, was wrong: under load the resumed call's setup outside the
+    # session clock can exceed first - pause; it failed at 1.988 >= 2.0 in a full `make test`.)
+    resumed = record["wall_seconds"] - first
+    assert 0 < resumed <= second, (first, record["wall_seconds"], second)
 
 
 @pytest.mark.ddp
