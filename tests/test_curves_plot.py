@@ -23,6 +23,13 @@ def record_figures(monkeypatch) -> list:
     return figures
 
 
+def grey_curves(ax) -> list:
+    """The grey background curves of a panel (one LineCollection of the other rows), as (x, y) arrays."""
+    from matplotlib.collections import LineCollection
+
+    return [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+
+
 def test_round_ticks_are_whole_numbers(tmp_path, monkeypatch):
     figures = record_figures(monkeypatch)
     runs = plan_runs(SPEC, str(tmp_path / "runs"))
@@ -56,7 +63,51 @@ def test_curves_draw_fedavg_as_reference_central_as_a_line_and_per_client_rows_a
     assert "--" in styles["Ours only"] and ":" in styles["Ours only"]  # FedAvg reference, Central's line
     assert "--" not in styles["FedAvg"] and ":" in styles["FedAvg"]
     assert "--" not in styles["FedRep (per-client)"] and ":" not in styles["FedRep (per-client)"]
-    grey = [ln for ln in panels["FedRep (per-client)"].get_lines() if ln.get_color() == "0.8"]
-    assert grey == []  # no global-model row behind a per-client one
+    assert grey_curves(panels["FedRep (per-client)"]) == []  # no global-model row behind a per-client one
+    # behind FedAvg: the other global-model row (Ours only, 70 at its last round) in each column, not Central
+    behind = grey_curves(panels["FedAvg"])
+    assert len(behind) == len(SPEC["betas"]) and all(curve[-1][1] == 70.0 for curve in behind)
     central_line = next(ln for ln in panels["Ours only"].get_lines() if ln.get_linestyle() == ":")
     assert central_line.get_ydata()[0] == 90.0  # Central's last round (fake_record: acc at the final round)
+
+
+def fake_table(nrows: int, rounds: int = 20):
+    """Runs and records of ``nrows`` rows (registered methods in turn) in one column, accuracy up to 100."""
+    import types
+
+    from lightning_modules.base import METHODS
+
+    column = types.SimpleNamespace(id="b0", label="β=0.5", derived=False, file_tag="beta0.5")
+    runs, records = [], {}
+    for i in range(nrows):
+        name = METHODS.names()[i % len(METHODS.names())]
+        run = types.SimpleNamespace(label=f"{name}-{i}", columns=[column.id], seed=0,
+                                    cfg=types.SimpleNamespace(method=types.SimpleNamespace(name=name)))
+        runs.append(run)
+        records[id(run)] = {"protocol": None, "history": [
+            {"round": k, "metrics": {"test/accuracy": 100.0 * (k + 1) / rounds}} for k in range(rounds)]}
+    return runs, records, [column]
+
+
+def test_panels_fit_the_figure_without_overlapping(tmp_path, monkeypatch):
+    """The fixed margins (plots.place_panels) keep every panel with its title and tick and axis labels
+    inside the figure, below the legend and title, and apart from its neighbours: 45 rows (the last
+    row part-filled, so upper rows carry round labels), 12 rows (full rows) and one row."""
+    from itertools import combinations
+
+    from bench.reporting.plots import plot_curves
+
+    for nrows in (45, 12, 1):
+        figures = record_figures(monkeypatch)
+        runs, records, columns = fake_table(nrows)
+        plot_curves({"table": "t", "dataset": "d"}, runs, records, tmp_path / f"c{nrows}.png", columns,
+                    baseline=runs[0].label)
+        (fig,) = figures
+        renderer = fig.canvas.get_renderer()
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        assert len(boxes) == nrows
+        top = min(fig._suptitle.get_window_extent(renderer).y0, fig.legends[0].get_window_extent(renderer).y0)
+        for box in boxes:
+            assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= top, (nrows, box)
+        for a, b in combinations(boxes, 2):
+            assert not a.overlaps(b), (nrows, a, b)
