@@ -19,6 +19,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, Logger
 
+from bench import rank_observer
 from bench.central import as_one_client
 from bench.cluster import fabric_layout
 from bench.code_version import code_version
@@ -84,6 +85,7 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
         nccl_error_handling()
+        rank_observer.install()  # a rank interrupted with the others does not get rank 0 SIGKILLed
     strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if ranks > 1 else "auto"
     layout = fabric_layout(cfg.devices, cfg.num_nodes, len(visible_gpus(cfg.accelerator)))
     try:
