@@ -92,7 +92,8 @@ def fake_table(nrows: int, rounds: int = 20):
 def test_panels_fit_the_figure_without_overlapping(tmp_path, monkeypatch):
     """The fixed margins (plots.place_panels) keep every panel with its title and tick and axis labels
     inside the figure, below the legend and title, and apart from its neighbours: 45 rows (the last
-    row part-filled, so upper rows carry round labels), 12 rows (full rows) and one row."""
+    row part-filled, so upper rows carry round labels), 12 rows (full rows) and one row, whose figure
+    is widened until the legend and title fit (plots.widen_for)."""
     from itertools import combinations
 
     from bench.reporting.plots import plot_curves
@@ -106,7 +107,9 @@ def test_panels_fit_the_figure_without_overlapping(tmp_path, monkeypatch):
         renderer = fig.canvas.get_renderer()
         boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
         assert len(boxes) == nrows
-        top = min(fig._suptitle.get_window_extent(renderer).y0, fig.legends[0].get_window_extent(renderer).y0)
+        header = [fig._suptitle.get_window_extent(renderer), fig.legends[0].get_window_extent(renderer)]
+        assert all(0 <= box.x0 and box.x1 <= fig.bbox.width for box in header), (nrows, header)  # not cut off
+        top = min(box.y0 for box in header)
         for box in boxes:
             assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= top, (nrows, box)
         for a, b in combinations(boxes, 2):

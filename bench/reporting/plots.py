@@ -88,9 +88,10 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     for ax, label in zip(axes.flat, drawn):
         draw_panel(ax, label, kinds, curves, columns, colours, refs)
     label_axes(axes, len(drawn), ncols, metric)
-    curves_legend(fig, columns, colours, baseline, central)
-    fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
-                 fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
+    legend = curves_legend(fig, columns, colours, baseline, central)
+    title = fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
+                         fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
+    widen_for(fig, [legend, title])
     place_panels(fig, nrows, ncols)
     _save(fig, path)
     return {"curves": str(path)}
@@ -135,6 +136,14 @@ MARGINS_IN = {"left": 0.6, "right": 0.15, "bottom": 0.5, "top": 1.11}
 GAP_IN = {"w": 0.2, "h": 0.37}
 
 
+def widen_for(fig, header: list) -> None:
+    """Widen a narrow figure (one or two panels) until the legend and the title above the panels fit."""
+    renderer = fig.canvas.get_renderer()
+    needed = max(artist.get_window_extent(renderer).width for artist in header) / fig.dpi + 0.2
+    if needed > fig.get_figwidth():
+        fig.set_figwidth(needed)
+
+
 def place_panels(fig, nrows: int, ncols: int) -> None:
     """Place the grid with fixed margins: the suptitle and legend above, tick and axis labels around."""
     width, height = fig.get_size_inches()
@@ -160,7 +169,7 @@ def label_axes(axes, drawn: int, ncols: int, metric: str) -> None:
             ax.set_xlabel("round", fontsize=7)
 
 
-def curves_legend(fig, columns: list, colours: list[str], baseline: str | None, central: str | None) -> None:
+def curves_legend(fig, columns: list, colours: list[str], baseline: str | None, central: str | None):
     """One legend over the panels: the columns' colours, the reference lines and the grey rows."""
     from matplotlib.lines import Line2D
 
@@ -174,7 +183,7 @@ def curves_legend(fig, columns: list, colours: list[str], baseline: str | None, 
         names.append(f"{central}, final")
     handles.append(Line2D([], [], color="0.8", linewidth=0.7))
     names.append("other rows of the kind")
-    fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
+    return fig.legend(handles, names, loc="upper center", ncol=len(names), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
 
 
