@@ -23,6 +23,12 @@ import signal
 import sys
 import typing
 import warnings
+from pathlib import Path
+
+from bench.core import lifetime
+
+if __name__ == "__main__" or Path(sys.argv[0]).name == "fedbench":  # the command itself (or a rank it started)
+    lifetime.interrupt_during_startup()  # Ctrl-C while torch is still importing: one line and 130, no traceback
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -123,15 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     if launched_by_fabric():  # a rank Fabric started: it ends with rank 0's process, even on SIGKILL
         die_with_parent(signal.SIGKILL)  # (SIGKILL: a rank blocked in a collective runs no Python handler)
     previous = terminate_on_sigterm()
+    lifetime.end_startup()  # from here a Ctrl-C is a KeyboardInterrupt, handled below
     try:
         return run_command(argv)
     except (KeyboardInterrupt, Interrupted) as stop:
-        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":  # one line, not one per rank
-            what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
-            print(f"fedbench: interrupted ({what}): stopped every rank and worker. Finished runs kept their records; "
-                  "an unfinished run wrote none (rerun it, or resume it with --resume true if it checkpointed).",
-                  file=sys.stderr, flush=True)
-        return 130 if isinstance(stop, KeyboardInterrupt) else 143
+        what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        lifetime.say_interrupted(what)  # one line (rank 0 only), not one per rank
+        return lifetime.INTERRUPT_STATUS[what]
     finally:
         if previous is not None:  # main() called from Python (tests): give the caller its handler back
             signal.signal(signal.SIGTERM, previous)

@@ -5,6 +5,12 @@
   (Linux ``PR_SET_PDEATHSIG``); elsewhere a daemon thread polls the parent pid once a second.
 - ``wait_for_children``: the launching rank returns only after the ranks it started have exited, so
   that `time fedbench run --devices 2` counts them and a script's next command does not overlap them.
+- ``say_interrupted`` / ``exit_interrupted``: the one line an interrupted fedbench prints, once per process
+  whichever thread gets there first (the CLI's handler, or rank 0's observer of the ranks when rank 0's
+  main thread is blocked in a collective), and the exit with the interrupted status.
+- ``interrupt_during_startup``: Ctrl-C while the command is still importing torch and Lightning ends it
+  with that line and status 130, not an import traceback (a rank started by Fabric is still importing for
+  seconds on a busy machine when the user presses Ctrl-C).
 """
 from __future__ import annotations
 
@@ -17,6 +23,10 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+INTERRUPT_STATUS = {"Ctrl-C": 130, "SIGTERM": 143}
+INTERRUPTED_LINE = ("fedbench: interrupted ({what}): stopped every rank and worker. Finished runs kept their records; "
+                    "an unfinished run wrote none (rerun it, or resume it with --resume true if it checkpointed).")
+_SAID = threading.Lock()
 
 
 class Interrupted(BaseException):
@@ -80,3 +90,39 @@ def launched_by_fabric() -> bool:
     if os.environ.get("LOCAL_RANK", "0") == "0" or "TORCHELASTIC_RUN_ID" in os.environ:
         return False
     return "SLURM_JOB_ID" not in os.environ or "SLURM_NTASKS" not in os.environ
+
+
+def say_interrupted(what: str) -> None:
+    """Print the interrupted line (``what``: "Ctrl-C" or "SIGTERM") once per process, and only on rank 0
+    (one line for the whole run, not one per rank)."""
+    if not _SAID.acquire(blocking=False):
+        return  # said already (by another thread of this process)
+    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0":
+        print(INTERRUPTED_LINE.format(what=what), file=sys.stderr, flush=True)
+
+
+def exit_interrupted(status: int) -> None:
+    """End this process now as interrupted: its one line, then ``os._exit(status)`` (no cleanup: for a
+    process whose main thread cannot run Python, blocked in a collective or still importing)."""
+    say_interrupted("SIGTERM" if status == INTERRUPT_STATUS["SIGTERM"] else "Ctrl-C")
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _interrupted_at_startup(signum, frame) -> None:
+    exit_interrupted(INTERRUPT_STATUS["Ctrl-C"])
+
+
+def interrupt_during_startup() -> None:
+    """Until ``end_startup()``: SIGINT ends the process with its one line and 130 (nothing has started that
+    needs cleaning up). Leaves an ignored SIGINT ignored; does nothing off the main thread."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_at_startup)
+
+
+def end_startup() -> None:
+    """The command's own handling takes over: SIGINT raises KeyboardInterrupt again (if we had replaced it)."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
