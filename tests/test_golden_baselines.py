@@ -518,3 +518,124 @@ def test_feddyn_server_h_step_departs_from_fedntd_code_under_partial_participati
     _, h = feddyn_round(e)  # the clients' local steps still match (asserted inside)
     gap = max((h[k] - v).abs().max().item() for k, v in mapped(e["outputs"]["h"]).items())
     assert gap > 1e-4
+
+
+def renamed(state: dict, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {names[k]: t(v) for k, v in state.items() if k in names}
+
+
+# ---- FedRS (lxcnju/FedRepo) ------------------------------------------------------------------
+@pytest.mark.parametrize("proportional", [True, False])
+def test_fedrs_restricted_softmax_against_fedrepo_update_local(proportional):
+    """``proportional: true`` (the code's alpha + (1 - alpha) n_c / max n) matches; the default (the
+    paper's alpha for absent classes, 1 otherwise) differs when present classes have unequal counts."""
+    from lightning_modules.fedrs import FedRS
+
+    e = golden("fedrs")["update_local"]
+    names = {"body.weight": "body.weight", "body.bias": "body.bias", "classifier.weight": "linear_head.weight"}
+    ref, out = renamed(e["inputs"]["state"], names), renamed(e["outputs"]["state"], names)
+    head = nn.Linear(ref["body.weight"].shape[0], ref["linear_head.weight"].shape[0], bias=False)
+    module = build(FedRS, ref, head=head, alpha=e["inputs"]["alpha"], proportional=proportional)
+    with torch.no_grad():
+        module.head.weight.copy_(ref["linear_head.weight"])
+    batches = batches_of(e["inputs"]["batches"])
+    ctx = context(module, batches)
+    assert torch.equal(ctx.class_counts().to(T), t(e["inputs"]["class_counts"]))
+    module.train()
+    loss = sgd_steps(module.client_objective(ctx), reference_sgd(module.parameters()), batches)
+    matches = abs(loss - e["outputs"]["mean_loss"]) < e["tolerance"]
+    assert matches == proportional
+    if proportional:
+        close(module.head.weight, out["linear_head.weight"], e["tolerance"])
+        close(module.backbone[0].weight, out["body.weight"], e["tolerance"])
+
+
+# ---- CReFF (shangxinyi/CReFF-FL) -------------------------------------------------------------
+def test_crerf_gradient_matching_distance_against_match_loss():
+    from lightning_modules.crerf import matching_distance
+
+    e = golden("crerf")["match_loss"]
+    syn, real = e["inputs"]["gw_syn"], e["inputs"]["gw_real"]
+    ours = matching_distance(t(syn[0]), t(syn[1]), t(real[0]), t(real[1]))
+    assert ours.item() == pytest.approx(e["outputs"]["distance"], abs=e["tolerance"])
+
+
+def test_crerf_federated_feature_update_against_update_feature_syn():
+    """Our server step (per-class mean of the holders' gradients, then the matching SGD on the seen
+    classes' features) on the code's inputs gives the code's federated features."""
+    from lightning_modules.crerf import GRAD_B, GRAD_W, HOLDERS, CReRF
+
+    e = golden("crerf")["update_feature_syn"]
+    i = e["inputs"]
+    feats, m = t(i["feature_syn"]), i["features_per_class"]
+    k, d = len(feats) // m, feats.shape[1]
+    module = CReRF(num_classes=k, in_channels=1, backbone="simple-cnn", features_per_class=m,
+                   match_steps=i["match_epoch"], lr_feature=i["lr_feature"], retrain_epochs=1).to(T)
+    module.feature_dim = d
+    module.retrained_head = nn.Linear(d, k).to(T).requires_grad_(False)
+    module.retrained_head.load_state_dict({"weight": t(i["classifier"]["classifier.weight"]),
+                                           "bias": t(i["classifier"]["classifier.bias"])})
+    module.federated_features = feats.clone()
+    extras = {GRAD_W: torch.zeros(k, k, d, dtype=T), GRAD_B: torch.zeros(k, k, dtype=T), HOLDERS: torch.zeros(k, dtype=T)}
+    for client in i["clients_gradient"]:  # each client's upload, summed as the round buffer sums them
+        for c, (gw, gb) in client.items():
+            extras[GRAD_W][int(c)] += t(gw)
+            extras[GRAD_B][int(c)] += t(gb)
+            extras[HOLDERS][int(c)] += 1
+    module.server_step({}, extras, 0)
+    close(module.federated_features, t(e["outputs"]["feature_syn"]), e["tolerance"])
+
+
+# ---- BalanceFL (sxontheway/BalanceFL) --------------------------------------------------------
+def balancefl_loss(i: dict, present: torch.Tensor) -> torch.Tensor:
+    from lightning_modules.balancefl import missing_class_distillation, present_class_cross_entropy, present_class_entropy
+
+    logits, aug, teacher, y = t(i["logits"]), t(i["logit_aug"]), t(i["teacher_pred"]), torch.tensor(i["labels"])
+    missing = torch.tensor([c for c in range(logits.shape[1]) if c not in present.tolist()])
+    return (present_class_cross_entropy(aug, y, present) + i["lamda"] * missing_class_distillation(
+        logits, teacher, missing, i["Temp"]) - 0.002 * present_class_entropy(logits, present))
+
+
+def test_balancefl_local_loss_against_lwf_loss():
+    e = golden("balancefl")["lwf_loss_batch_holds_client_classes"]
+    ours = balancefl_loss(e["inputs"], torch.tensor(e["inputs"]["client_classes"]))
+    assert ours.item() == pytest.approx(e["outputs"]["loss"], abs=e["tolerance"])
+
+
+def test_balancefl_present_classes_per_client_depart_from_the_codes_per_batch_rule():
+    """The code takes the present classes from each batch; ours from the client (the paper's P): a batch
+    without one of the client's classes scores differently, and the batch's classes reproduce the code."""
+    e = golden("balancefl")["lwf_loss_batch_misses_class_3"]
+    i = e["inputs"]
+    per_batch = balancefl_loss(i, torch.unique(torch.tensor(i["labels"])))
+    per_client = balancefl_loss(i, torch.tensor(i["client_classes"]))
+    assert per_batch.item() == pytest.approx(e["outputs"]["loss"], abs=e["tolerance"])
+    assert abs(per_client.item() - e["outputs"]["loss"]) > 1e-3
+
+
+# ---- FedBABU (jhoon-oh/FedBABU) --------------------------------------------------------------
+def test_fedbabu_body_only_training_and_body_aggregation_against_fedbabu_code():
+    from lightning_modules.fedbabu import FedBABU
+
+    e = golden("fedbabu")["round"]
+    names = {"features.weight": "body.weight", "features.bias": "body.bias", "linear.weight": "linear_head.weight",
+             "linear.bias": "linear_head.bias"}
+    start = renamed(e["inputs"]["state"], names)
+    trained = []
+    for client, expected in zip(e["inputs"]["clients"], e["outputs"]["clients"]):
+        module = build(FedBABU, start)
+        module.head.requires_grad_(False)  # as FedBABU.__init__ does for its own head
+        batches = batches_of(client["batches"])
+        module.train()
+        optimizer = reference_sgd([p for p in module.parameters() if p.requires_grad])  # configure_optimizers' rule
+        sgd_steps(module.client_objective(context(module, batches)), optimizer, batches)
+        assert_body_and_head(module, renamed(expected, names), e["tolerance"])
+        trained.append(module)
+    shared = trained[0].shared_keys()
+    assert not any(k.startswith("head.") for k in shared)
+    buf = RoundBuffer({k: trained[0].state_dict()[k].shape for k in shared}, {}, "cpu")
+    for module in trained:  # equal sample counts: our sample-weighted mean is the code's plain mean
+        buf.add_client({k: module.state_dict()[k] for k in shared}, float(len(e["inputs"]["clients"][0]["batches"])), {})
+    avg = buf.averaged_state()
+    for k, v in renamed(e["outputs"]["global_body"], names).items():
+        close(avg[ours_name(k)], v, e["tolerance"])
