@@ -588,7 +588,11 @@ def test_crerf_federated_feature_update_against_update_feature_syn():
 
 # ---- BalanceFL (sxontheway/BalanceFL) --------------------------------------------------------
 def balancefl_loss(i: dict, present: torch.Tensor) -> torch.Tensor:
-    from lightning_modules.balancefl import missing_class_distillation, present_class_cross_entropy, present_class_entropy
+    from lightning_modules.balancefl import (
+        missing_class_distillation,
+        present_class_cross_entropy,
+        present_class_entropy,
+    )
 
     logits, aug, teacher, y = t(i["logits"]), t(i["logit_aug"]), t(i["teacher_pred"]), torch.tensor(i["labels"])
     missing = torch.tensor([c for c in range(logits.shape[1]) if c not in present.tolist()])
