@@ -643,3 +643,40 @@ def test_fedbabu_body_only_training_and_body_aggregation_against_fedbabu_code():
     avg = buf.averaged_state()
     for k, v in renamed(e["outputs"]["global_body"], names).items():
         close(avg[ours_name(k)], v, e["tolerance"])
+
+
+def test_fedrod_rejects_an_unknown_prior():
+    from bench.core.errors import FedbenchError
+    from lightning_modules.fedrod import FedRoD
+
+    with pytest.raises(FedbenchError, match="prior must be one of"):
+        FedRoD(num_classes=3, in_channels=1, backbone="simple-cnn", prior="uniform")
+
+
+def test_moon_client_training_with_projection_head_against_train_net_fedcon():
+    """MOON's own code (QinbinLi/MOON): one local epoch of CE on l3(z) plus the model-contrastive term on the
+    projection z = l2(relu(l1(h))); ours with ``projection_dim`` is the same model and loss."""
+    from lightning_modules.moon import Moon
+
+    e = golden("moon")["train_net_fedcon"]
+    i = e["inputs"]
+    names = {"features.0.weight": "backbone.0.weight", "features.0.bias": "backbone.0.bias",
+             "l1.weight": "projection.0.weight", "l1.bias": "projection.0.bias", "l2.weight": "projection.2.weight",
+             "l2.bias": "projection.2.bias", "l3.weight": "head.weight", "l3.bias": "head.bias"}
+    net = renamed(i["net"], names)
+    d, p = net["projection.0.weight"].shape[0], net["projection.2.weight"].shape[0]
+    module = Moon(num_classes=net["head.weight"].shape[0], in_channels=1, backbone="simple-cnn", mu=i["mu"],
+                  temperature=i["temperature"], projection_dim=p)
+    module.backbone = nn.Sequential(nn.Linear(net["backbone.0.weight"].shape[1], d), nn.ReLU())
+    module.feature_dim = d
+    module.projection = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, p))
+    module.to(T).load_state_dict(net)
+    batches = batches_of(i["batches"])
+    ctx = context(module, batches)
+    ctx.global_state = renamed(i["global"], names)
+    ctx.state["previous"] = renamed(i["previous"], names)
+    module.train()
+    sgd_steps(module.client_objective(ctx), torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9,
+                                                            weight_decay=1e-5), batches)
+    for k, v in renamed(e["outputs"]["net"], names).items():
+        close(module.state_dict()[k], v, e["tolerance"])
