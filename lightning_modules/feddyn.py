@@ -65,9 +65,13 @@ class FedDyn(FederatedModule):
     def local_update(self, ctx: ClientContext, batches: ClientBatches) -> int:
         correct, terms = self.dynamic_regulariser(ctx)
         seen = self.train_epochs(ctx, batches, self.client_objective(ctx), after_backward=correct)
-        for p, anchor, g_k in terms:  # g_k <- g_k - alpha (theta_k^t - theta^{t-1})
-            g_k.sub_(self.alpha * (p.detach() - anchor))
+        self.update_grad_memory(terms)
         return seen
+
+    def update_grad_memory(self, terms) -> None:
+        """After local training: g_k <- g_k - alpha (theta_k^t - theta^{t-1}), in place."""
+        for p, anchor, g_k in terms:
+            g_k.sub_(self.alpha * (p.detach() - anchor))
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,

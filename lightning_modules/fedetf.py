@@ -40,9 +40,14 @@ def simplex_etf(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     q, r = torch.linalg.qr(torch.randn(dim, num_classes, generator=gen, dtype=torch.float64))
     u = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # the unique QR factor: a fixed function of the draw
-    k = num_classes
+    return etf_from_basis(u).float()
+
+
+def etf_from_basis(u: torch.Tensor) -> torch.Tensor:
+    """sqrt(K / (K - 1)) U (I_K - 1_K 1_K^T / K) for a [dim, K] U with orthonormal columns, in float64."""
+    k = u.shape[1]
     centre = torch.eye(k, dtype=torch.float64) - torch.full((k, k), 1.0 / k, dtype=torch.float64)
-    return (math.sqrt(k / (k - 1)) * u @ centre).float()
+    return math.sqrt(k / (k - 1)) * u.to(torch.float64) @ centre
 
 
 class ETFHead(nn.Module):

@@ -7,8 +7,9 @@ where z~ and z~_g are the local and the received global model's logits with the 
 entry removed: the global model's knowledge is kept only on the not-true classes, and the true
 class is learned from the labels alone.
 beta = 1, tau = 1: the authors' config (config/fedntd.json); no seed paper states other values.
-As in the public code there is no tau^2 factor, and the teacher is the received global model
-in eval mode (the code deep-copies the model after its evaluation pass). Here the teacher runs
+There is no tau^2 factor (the paper's Eq. 4); the public code (algorithms/fedntd/criterion.py NTD_Loss)
+multiplies the KL by tau^2, which is the same at tau = 1 (tests/golden/fedntd.json). The teacher is
+the received global model in eval mode (the code deep-copies the model after its evaluation pass). Here the teacher runs
 the live modules on the received state tensors (``FrozenModel``): nothing is copied.
 """
 from __future__ import annotations

@@ -14,7 +14,8 @@ Deviation: local SGD with (heavy-ball) momentum moves the weights by more than K
 gradient, which would make option II unstable; ``K lr`` is therefore generalised to the
 displacement a constant unit gradient produces under the optimizer's momentum in these K steps
 (exactly K lr for plain SGD; the count restarts each round, so with fed.keep_optimizer_state the
-carried-over momentum is not counted). Adam is treated as plain SGD here.
+carried-over momentum is not counted). Adam is treated as plain SGD here. Lee-Gihun/FedNTD's
+Scaffold (``adaptive_divison``) divides by the same displacement (tests/golden/scaffold.json).
 No hyperparameters (FedBM Sec. IV-B runs Scaffold with the common FedAvg settings).
 """
 from __future__ import annotations
