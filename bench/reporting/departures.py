@@ -189,5 +189,6 @@ def departure_legend(texts: dict[str, str]) -> list[str]:
     """The legend's list of the departures a table prints (id -> text): each id with its one-line text."""
     if not texts:
         return []
-    return ["- Departures from the papers or their public code that can move a row's numbers, printed beside the "
-            "row (each one's reason: docs/departures.md):", *(f"  - {i}: {text}" for i, text in texts.items())]
+    head = ("- Departures from the papers or their public code that can move a row's numbers, printed beside the "
+            "row (each one's reason: docs/departures.md):")
+    return [head, *(f"  - {i}: {text}" for i, text in texts.items())]
