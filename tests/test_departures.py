@@ -164,3 +164,33 @@ def test_the_committed_tables_of_a_departure_section_are_those_the_rules_cover()
     covered = {t for tables in text["sections"].values() for t in tables}
     names = {yaml.safe_load(p.read_text())["table"] for p in (REPO / "configs" / "tables").glob("*.yaml")}
     assert names <= covered, sorted(names - covered)
+
+
+def committed_marks(config: str) -> dict[str, set[str]]:
+    """row label -> the ids its rows carry, for a committed table config (no records needed)."""
+    from bench.reporting.departures import table_departures
+    from bench.reporting.paper_compare import row_protocols
+    from bench.reporting.table_runner import load_table_config
+
+    spec = load_table_config(str(REPO / "configs" / "tables" / config))
+    runs = plan_runs(spec, "/nonexistent/runs", check_records=False)
+    out: dict[str, set[str]] = {}
+    for (label, _), ids in table_departures(spec["table"], runs, row_protocols(spec, runs)).items():
+        out.setdefault(label, set()).update(ids)
+    return out
+
+
+def test_the_committed_tables_rows_carry_their_methods_departures():
+    fac = committed_marks("facmic_table2.yaml")
+    assert "FAC-9" in fac["FedProx (BT)"] and "FAC-9" not in fac["FedAVG (BT)"]  # FedProx's squared term
+    assert {"FAC-7", "FAC-8"} <= fac["FACMIC (BT)"] and not {"FAC-7", "FAC-8"} & fac["FedCLIP (BT)"]
+    assert "FAC-6" in fac["FedAVG (BT)"] and "FAC-6" not in fac["CLIP-ZS (BT)"]  # zero-shot: no partition
+    assert "FAC-2" in fac["FedAVG (Real)"] and "FAC-1" not in fac["FedAVG (Real)"]  # Real: its own
+    fst = committed_marks("fstcbdg_cifar10.yaml")
+    assert "FST-3" in fst["FST-CBDG (C10)"] and "FST-3" not in fst["L_iST only (C10)"]  # no text sampling: no sigma
+    assert "FST-6" in fst["Equal sampling (C10)"] and "FST-6" not in fst["Balanced sampling (C10)"]
+    assert fst["CLIP-ZS (C10)"] == set()
+    npr = committed_marks("fednpr_ich.yaml")
+    assert {"NPR-2", "NPR-10"} <= npr["FedAvg"] and "NPR-6" in npr["FedNPR"]
+    assert "NPR-6" not in npr["FedNPR (public code)"]  # the code assigns sub-clusters at random: no Sinkhorn
+    assert "NPR-2" not in committed_marks("fednpr_isic.yaml")["FedAvg"]  # the ICH stem: not on Fed-ISIC2019
