@@ -117,7 +117,7 @@ def table_rows(md: str) -> dict[str, list[str]]:
     for line in md.splitlines():
         if line.startswith("| ") and not line.startswith("| Method") and not line.startswith("|---"):
             cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-            rows[cells[0]] = cells[1:]
+            rows[cells[0].split(" <sup>")[0]] = cells[1:]  # the label without its departure ids
     return rows
 
 

@@ -76,6 +76,25 @@ def test_dagger_follows_the_sources(cells):
     assert fc["protocol"]["sources"]["hyperparameters"]["kind"] == "ours"
 
 
+def test_values_from_code_are_marked_code(cells):
+    """FACMIC's baselines' own weights (FedProx mu, MOON mu / tau, FedFocal gamma) and FST-CBDG's batch and
+    FedNTD's tau / beta come from the public code, not the papers (issue 37.3)."""
+    for method in ("FedProx", "MOON", "FedFocal"):
+        for table in ("2", "5"):
+            c = cell(cells, paper="facmic", table=table, dataset="bt" if table == "2" else "bt2", partition="iid",
+                     method=method, metric="accuracy")
+            src = c["protocol"]["sources"]["hyperparameters"]
+            assert src["kind"] == "code" and src["where"].startswith("AIPMLab/FACMIC 514c500 utils/training.py")
+            assert "hyperparameters" in inferred_facets(c)
+    fedavg = cell(cells, paper="facmic", table="2", dataset="bt", partition="iid", method="FedAVG", metric="accuracy")
+    assert fedavg["protocol"]["sources"]["hyperparameters"]["kind"] == "stated"  # nothing of its own
+    ntd = cell(cells, paper="fstcbdg", table="1", dataset="cifar10", partition="iid", method="FedNTD")
+    assert ntd["protocol"]["sources"]["hyperparameters"]["kind"] == "code"
+    assert "Lee-Gihun/FedNTD config/fedntd.json" in ntd["protocol"]["sources"]["hyperparameters"]["where"]
+    fst = cell(cells, paper="fstcbdg", table="1", dataset="cifar10", partition="iid", method="FST-CBDG")
+    assert fst["protocol"]["sources"]["hyperparameters"]["kind"] == "ours"  # its sigma is ours
+
+
 def test_fednpr_has_inferred_cells(cells):
     npr = [c for c in cells if c["paper"] == "fednpr"]
     assert sum(c["protocol"]["inferred"] for c in npr) == len(npr) == 116  # its reporting round is the notebooks'
@@ -101,11 +120,12 @@ def test_counts_per_kind_cover_every_cell(cells):
 DEMO = {"paper": "demo", "title": "fixture", "source": "nowhere",
         "tables": [{"id": "T1", "kind": "comparison", "caption": "c",
                     "protocol": {"eval": "global", "round": "final", "setup": {"clients": 10},
-                                 "sources": {"eval": {"kind": "stated", "where": "Sec. 4: 'the global model'"},
+                                 "sources": {"eval": {"kind": "stated", "where": "Sec. 4", "quote": "the global model"},
                                              "round": {"kind": "code", "where": "demo/repo main.py: last round"},
-                                             "clients": {"kind": "stated", "where": "Sec. 4: '10 clients'"},
-                                             "partition": {"kind": "stated", "where": "Table 1 columns"},
-                                             "hyperparameters": {"kind": "stated", "where": "Sec. 4: 'SGD'"}}},
+                                             "clients": {"kind": "stated", "where": "Sec. 4", "quote": "10 clients"},
+                                             "partition": {"kind": "stated", "where": "Table 1 columns",
+                                                           "quote": ["Table 1", "iid"]},
+                                             "hyperparameters": {"kind": "stated", "where": "Sec. 4", "quote": "SGD"}}},
                     "cells": [{"dataset": "digits", "partition": "iid", "method": m, "metric": "accuracy",
                                "mean": 50.0, "std": 1.0, "setting": None} for m in ("FedAvg", "Central")]}]}
 
@@ -123,10 +143,11 @@ def test_inferred_is_derived_from_the_sources(tmp_path):
     assert got["FedAvg"]["protocol"]["inferred"] and inferred_facets(got["FedAvg"]) == ["round"]
 
     def stated(table):
-        table["protocol"]["sources"]["round"] = {"kind": "stated", "where": "Sec. 4: 'the last round'"}
+        table["protocol"]["sources"]["round"] = {"kind": "stated", "where": "Sec. 4", "quote": "the last round"}
         table["method_protocols"] = {"Central": {"model": ["central"], "setup": {"clients": 1},
                                                  "sources": {"model": {"kind": "ours", "where": "our reading"},
-                                                             "clients": {"kind": "stated", "where": "Sec. 4"}}}}
+                                                             "clients": {"kind": "stated", "where": "Sec. 4",
+                                                                         "quote": "one client"}}}}
     got = {c["method"]: c for c in load_paper_numbers("demo", str(write_demo(tmp_path, stated)))}
     assert not got["FedAvg"]["protocol"]["inferred"] and inferred_facets(got["FedAvg"]) == []
     assert inferred_facets(got["Central"]) == ["model"]  # the exception's sources replace the table's
@@ -143,7 +164,12 @@ def _set(path: list[str], value):
 
 @pytest.mark.parametrize("mutate, says", [
     (_set(["protocol", "sources", "round", "kind"], "guessed"), "unknown source kind 'guessed'"),
-    (_set(["protocol", "sources", "lr"], {"kind": "stated", "where": "Sec. 4"}), "unknown facet 'lr'"),
+    (_set(["protocol", "sources", "lr"], {"kind": "code", "where": "x.py"}), "unknown facet 'lr'"),
+    (_set(["protocol", "sources", "eval"], {"kind": "stated", "where": "Sec. 4"}), "a 'stated' source must quote"),
+    (_set(["protocol", "sources", "eval", "quote"], ["the global model", " "]), "a 'stated' source must quote"),
+    (_set(["protocol", "sources", "eval", "quote"], []), "a 'stated' source must quote"),
+    (_set(["protocol", "sources", "round", "quote"], "last round"), "a 'code' source has no 'quote'"),
+    (_set(["protocol", "sources", "round", "page"], 3), "a facet source is"),
     (_set(["protocol", "sources", "round", "where"], " "), "'where' is empty"),
     (_set(["protocol", "sources", "round"], {"digits": {"kind": "code", "where": "x.py"}}), "needs a 'default'"),
     (_set(["protocol", "inferred"], True), "'inferred' is derived from 'sources'"),
@@ -164,8 +190,9 @@ def test_the_legend_names_the_inferred_facets_and_links_the_departures(tmp_path)
     # FedBM Table II: FedAvg's evaluation, round and optimiser come from FedBM's code; Central Learning's
     # scoring and epochs are ours (its model is stated)
     assert "(Central: eval, round, hyperparameters; FedAvg: eval, round, hyperparameters; sources in results/paper)" in legend
-    assert "docs/departures.md" in legend
-    assert "| FedAvg | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 † |" in md
+    assert "docs/departures.md" not in legend  # the departures are listed by id, not linked at the bottom
+    assert "- Departures from the papers or their public code that can move a row's numbers" in md
+    assert "| FedAvg <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 † |" in md
 
 
 def test_every_departure_line_names_its_kind():

@@ -46,7 +46,7 @@ def render(tmp_path, spec, sets=()):
     md: dict[str, str] = {}  # row label -> its lines (a wide table prints one block per column)
     for line in Path(paths["md"]).read_text().splitlines():
         if line.startswith("| ") and not line.startswith("| Method"):
-            label = line.split(" | ")[0].lstrip("| ")
+            label = line.split(" | ")[0].lstrip("| ").split(" <sup>")[0]  # without its departure ids
             md[label] = f"{md[label]}\n{line}" if label in md else line
     return cells, md
 

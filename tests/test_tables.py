@@ -88,9 +88,9 @@ def test_mean_std_and_missing(rendered):
     assert b["values"] == [66.0, 70.0] and b["expected"] == 3
     assert cells[("Ours only", 0.05, "accuracy")]["mean"] is None
     md = Path(paths["md"]).read_text()
-    assert "| FedAvg | 58.00 ± 3.00 |" in md
+    assert "| FedAvg <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | 58.00 ± 3.00 |" in md  # its departures' ids
     assert "68.00 ± 2.83 (2/3 seeds)" in md
-    assert "| Ours only | missing (0/3 seeds) | missing | n/a |" in md  # ours, Δ FedAvg, FedBM
+    assert "| Ours only <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | missing (0/3 seeds) | missing | n/a |" in md  # ours, Δ FedAvg, FedBM
     # Central runs once per seed and fills both beta columns
     c = cells[("Central", 0.1, "accuracy")]
     assert c["mean"] == pytest.approx(91.0) and c["expected"] == 3
@@ -120,7 +120,7 @@ def test_paper_delta_and_welch(rendered):
     assert cells[("Ours only", 0.05, "accuracy")]["paper_mean"] is None  # FedBM has no such row name
     md = Path(paths["md"]).read_text()
     # † : FedBM's round rule (best-val-sum5) is read from its main.py, not stated in the paper
-    assert f"| FedAvg | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 † | -2.10 | {a['p_value']:.3f} |" in md
+    assert f"| FedAvg <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | 58.00 ± 3.00 | (reference) | 60.10 ± 5.76 † | -2.10 | {a['p_value']:.3f} |" in md
 
 
 def test_welch_p_known_values():

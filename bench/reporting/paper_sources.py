@@ -15,20 +15,45 @@ FACETS = ("eval", "round", "model", "clients", "rounds", "local_epochs", "sample
           "hyperparameters")
 SETUP_FACETS = ("clients", "rounds", "local_epochs", "sample_ratio", "epochs", "partition")
 KINDS = {
-    "stated": "stated in the paper (where: the section, table or sentence)",
+    "stated": "stated in the paper (where: the section, table or sentence; quote: the paper's words)",
     "code": "read from the public code (where: the repository and file)",
     "ours": "chosen by us (where: why)",
 }
 DEFAULT = "default"  # the key of a per-dataset / per-metric source's fallback
 
 
+def quote_fragments(src: dict) -> list[str]:
+    """A ``stated`` source's quote from the paper: one string, or a list of verbatim fragments (where the
+    paper's sentence is interrupted, e.g. by an equation); [] for a source without one."""
+    quote = src.get("quote")
+    return [] if quote is None else [quote] if isinstance(quote, str) else list(quote)
+
+
 def _check_source(src: Any, where: str) -> None:
-    if not isinstance(src, dict) or set(src) != {"kind", "where"}:
-        raise FedbenchError(f"{where}: a facet source is {{\"kind\": ..., \"where\": ...}}, got {src!r}.")
+    if not isinstance(src, dict) or not {"kind", "where"} <= set(src) <= {"kind", "where", "quote"}:
+        raise FedbenchError(f"{where}: a facet source is {{\"kind\": ..., \"where\": ...}} (and a 'quote' when "
+                            f"stated), got {src!r}.")
     if src["kind"] not in KINDS:
         raise FedbenchError(f"{where}: unknown source kind {src['kind']!r}; choose one of {', '.join(KINDS)}.")
     if not isinstance(src["where"], str) or not src["where"].strip():
         raise FedbenchError(f"{where}: the source says nothing about where it comes from ('where' is empty).")
+    _check_quote(src, where)
+
+
+def _check_quote(src: dict, where: str) -> None:
+    """A ``stated`` source quotes the paper (``quote``: a non-empty string or list of them); another kind
+    quotes nothing (what comes from code names its repository and file in ``where``)."""
+    if src["kind"] != "stated":
+        if "quote" in src:
+            raise FedbenchError(f"{where}: a {src['kind']!r} source has no 'quote' (only what the paper states "
+                                "is quoted from it).")
+        return
+    quote = src.get("quote")
+    fragments = [quote] if isinstance(quote, str) else quote
+    if not isinstance(fragments, list) or not fragments or not all(isinstance(f, str) and f.strip()
+                                                                      for f in fragments):
+        raise FedbenchError(f"{where}: a 'stated' source must quote the paper: 'quote' is the sentence (or a list "
+                            f"of its verbatim fragments) that states it, got {quote!r}.")
 
 
 def check_sources(sources: Any, where: str, selectors: set[str]) -> None:

@@ -13,7 +13,7 @@ from bench.reporting.table_grid import fmt_paper
 CELL_FIELDS = ["mean", "std", "paper_mean", "paper_std", "delta", "p_value", "paper_source"]
 CSV_HEADER = ["method", "beta", "metric", *CELL_FIELDS, "n_seeds", "expected_seeds", "values", "column",
               "round_rule", "protocol_differs", "other_papers", "baseline", "paired_mean", "paired_ci95_low",
-              "paired_ci95_high", "paired_p", "paired_n", "test_se", "best"]
+              "paired_ci95_high", "paired_p", "paired_n", "test_se", "best", "departures"]
 
 
 def csv_row(label: str, col: Column, metric: str, cell: dict, baseline: str | None) -> list[Any]:
@@ -25,7 +25,8 @@ def csv_row(label: str, col: Column, metric: str, cell: dict, baseline: str | No
             cell["expected"], " ".join(f"{v:.4f}" for v in cell["values"]), col.id, cell["round_rule"],
             cell["protocol_differs"] or "", others, baseline or "",
             *("" if v is None else v for v in (diff.get("mean"), *ci, diff.get("p_value"))),
-            len(diff.get("diffs") or []) or "", "" if cell["test_se"] is None else cell["test_se"], int(cell["best"])]
+            len(diff.get("diffs") or []) or "", "" if cell["test_se"] is None else cell["test_se"], int(cell["best"]),
+            " ".join(cell.get("departures") or [])]
 
 
 def csv_text(cells: dict, by_id: dict[str, Column], baseline: str | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.reporting.columns import Column
+from bench.reporting.departures import id_key, row_mark
 from bench.reporting.paper_compare import PAPER_NAMES
 
 MAX_COLUMNS = 13  # Method + at most 12 value columns in one Markdown table
@@ -107,9 +108,11 @@ def grid_header(grid: Grid, cells: dict, labels: list[str], columns: list[Column
 
 
 def grid_rows(grid: Grid, cells: dict, labels: list[str], baseline: str | None) -> None:
-    """One text row per table row; a protocol or setup difference gets a numbered footnote."""
+    """One text row per table row, its label marked with the ids of the departures that can move it (its
+    cells' ``departures``); a protocol or setup difference gets a numbered footnote."""
     for label in labels:
-        row = [label]
+        ids = {i for (lab, _, _), cell in cells.items() if lab == label for i in cell.get("departures") or []}
+        row = [row_mark(label, sorted(ids, key=id_key))]
         for col, m, shown_groups in grid.layout:
             cell = cells[(label, col.id, m)]
             text = fmt(cell, grid.each)

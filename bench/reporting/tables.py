@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,13 @@ from bench.reporting.cell_marks import (
     run_health,
 )
 from bench.reporting.columns import Column, table_columns
+from bench.reporting.departures import (
+    cell_departures,
+    departure_legend,
+    id_key,
+    load_departures,
+    table_departures,
+)
 from bench.reporting.paper_compare import (
     compare,
     load_cells,
@@ -285,7 +292,7 @@ def paper_legend(cells: dict, papers: list[str]) -> str:
     if named:
         line += (" †: the paper does not state every facet of how it measured that row; these are read from "
                  f"its public code or chosen by us ({named}; sources in results/paper).")
-    return line + " Every known departure from the papers, with its reason: docs/departures.md."
+    return line
 
 
 def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
@@ -352,6 +359,7 @@ class Assembled:
     records: dict[int, dict]
     papers: list[str]
     groups: list[str]
+    departures: dict[str, str] = field(default_factory=dict)  # id -> legend text, of every id a row carries
 
 
 def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
@@ -377,7 +385,19 @@ def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
         cell["papers"] = {p: per[p] for p in papers}
         cell["round_rule"] = protocols[key[0]].round
     add_uncertainty(cells, columns, metrics, labels, runs, protocols, baseline)
-    return Assembled(cells, columns, metrics, labels, protocols, baseline, records, papers, groups)
+    return Assembled(cells, columns, metrics, labels, protocols, baseline, records, papers, groups,
+                     mark_departures(spec, runs, protocols, cells))
+
+
+def mark_departures(spec: dict, runs: list, protocols: dict[str, RowProtocol], cells: dict) -> dict[str, str]:
+    """Per cell: ``departures``, the ids of the departures (docs/departures.md) that can move it; returns
+    id -> legend text for every id the table prints."""
+    deps = load_departures()
+    found = table_departures(spec["table"], runs, protocols, deps)
+    for (label, col_id, _), cell in cells.items():
+        cell["departures"] = cell_departures(found, label, col_id)
+    used = sorted({i for cell in cells.values() for i in cell["departures"]}, key=id_key)
+    return {i: deps[i].text for i in used}
 
 
 def setup_record(runs: list, records: dict[int, dict]) -> dict | None:
@@ -401,7 +421,7 @@ def markdown(spec: dict, runs: list, a: Assembled, grid: Grid, title: str, chang
                           a.records)
     legend += [f"- {label}: per {repeat_word(spec)}, the mean of rows {', '.join(sources)}."
                for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
-    md += [*dict.fromkeys(legend), ""]
+    md += [*dict.fromkeys(legend), *departure_legend(a.departures), ""]
     md += markdown_blocks(grid)
     md += warning_lines(a.cells, {c.id: c for c in a.columns})
     if grid.footnotes:
@@ -441,5 +461,6 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
         a.cells, by_id, table=spec["table"], dataset=spec["dataset"], name=name, title=title,
         experiment=runs[0].cfg.experiment if runs else name, reduced=reduced, changes=changes or [], papers=a.papers,
         baseline=a.baseline, setup=setup_line(some) if some else "", figures=figures,
-        columns=[c.id for c in a.columns], protocols={lab: vars(a.protocols[lab]) for lab in a.labels}))
+        columns=[c.id for c in a.columns], protocols={lab: vars(a.protocols[lab]) for lab in a.labels},
+        departures=a.departures))
     return {**paths, **figures}

@@ -22,7 +22,7 @@ from bench.experiment import RunObserver, round_scalars
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
 # the CSV's text columns (the others are numbers, or empty)
 TEXT_COLUMNS = {"method", "metric", "values", "column", "round_rule", "protocol_differs", "other_papers", "baseline",
-                "paper_source"}
+                "paper_source", "departures"}
 COUNT_COLUMNS = {"n_seeds", "expected_seeds", "paired_n", "best"}
 
 
