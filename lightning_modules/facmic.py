@@ -2,7 +2,7 @@
 
 Per client and batch (frozen CLIP features I, class-prompt text features T, "a picture of a {class}"):
     masked  I~ = a(I) * I                              a = FeatureAttention (the only trained state)
-    L       = L_contr(I~, T_y) + lambda * L_DA(I~_src, I~_tgt)
+    L       = L_contr(I~, T_y) + lambda * L_DA(I~_src / |I~_src|, I_tgt / |I_tgt|)   (lmmd_variant 'code')
 L_contr is CLIP's symmetric batch contrastive loss (logit scale exp(CLIP logit_scale) ~ 100);
 L_DA is LMMD between the source batch and a target batch drawn (with the client's generator)
 from an unlabeled global target set, the target weights coming from pseudo-labels
@@ -18,11 +18,19 @@ Options (``method.args``):
                 so this option uses the test split, unlabeled, as the target: transductive, as in
                 the code. A literal held-out client would need the partition in prepare_splits
                 and a client excluded from training (a core change).
-  lmmd_variant  'paper' (default): ONE Gaussian kernel whose bandwidth is the median pairwise squared
-                distance of the joint batch, sum over classes / K, hard (argmax) target labels, as the
-                paper's text says (Sec. 3.2, following DSAN). 'code': the public code's (DSAN's) mix of
-                five Gaussian kernels (bandwidths mean squared distance x 2^-2 .. 2^2), average over the
-                classes present on both sides, soft target weights.
+  lmmd_variant  'code' (default): the public code's L_DA (utils/training.py, adaptation.py LMMDLoss), which
+                produced the published numbers: the masked source features I~_src against the UNMASKED
+                target features I_tgt, both L2-normalised; five Gaussian kernels exp(-d / (b 2^i)),
+                i = -2..2, b the mean squared distance over the off-diagonal pairs of the joint batch;
+                soft target weights (the pseudo-label probabilities, normalised per class); the average
+                over the classes present both in the source labels and the target argmax labels.
+                'text': the paper's text (Sec. 2.2, Eq. 5-6, x = I): the UNMASKED, unnormalised features
+                on both sides, ONE Gaussian kernel whose bandwidth is the median squared distance of the
+                joint batch, hard (argmax) target labels, the sum over the shared classes divided by K.
+                Both sides are then frozen CLIP features, so this L_DA has no gradient: the attention
+                module trains as with lmmd_weight 0 (only its BN statistics also see the target batch).
+  Pseudo-labels (both variants): softmax(100 cos(I~_tgt, T)), the code's get_similarity (its 100 is
+  OpenAI CLIP's exp(logit_scale)).
 Optimiser (paper): Adam lr 5e-5, betas (0.9, 0.98), eps 1e-6, weight decay 0.02, batch 32. betas and
 eps default to these here; method.optimizer/lr/weight_decay come from the run config (the table
 configs set adam / 5e-5 / 0.02).
@@ -42,23 +50,52 @@ from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import FeatureAttention
 from lightning_modules.components.clip_losses import clip_contrastive_loss, lmmd_loss
 
+PSEUDO_LABEL_SCALE = 100.0  # the code's get_similarity: softmax(100 * cosine)
+
 LMMD_VARIANTS = {
-    "paper": {"kernel_num": 1, "bandwidth": "median", "class_average": "all", "hard_targets": True},
-    "code": {"kernel_num": 5, "bandwidth": "mean", "class_average": "present", "hard_targets": False},
+    "code": {"features": "code", "kernel_num": 5, "bandwidth": "mean", "class_average": "present", "hard_targets": False},
+    "text": {"features": "unmasked", "kernel_num": 1, "bandwidth": "median", "class_average": "all", "hard_targets": True},
 }
 
 
-def facmic_lmmd(source: torch.Tensor, target: torch.Tensor, labels: torch.Tensor, target_probs: torch.Tensor,
-                num_classes: int, variant: str) -> torch.Tensor:
-    """FACMIC's L_DA between masked source features (labels known) and masked target features whose
-    class probabilities are ``target_probs`` (softmax(100 cos(I~, T))), in the paper's or the code's
-    variant (``LMMD_VARIANTS``)."""
+def facmic_pseudo_labels(masked_target: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+    """Class probabilities of target features (no gradient): softmax(100 cos(I~_tgt, T_c)) over the K classes."""
+    with torch.no_grad():
+        cos = F.normalize(masked_target.float(), dim=-1) @ F.normalize(text_features.float(), dim=-1).T
+        return torch.softmax(PSEUDO_LABEL_SCALE * cos, dim=-1)
+
+
+def lmmd_features(variant: str, source: torch.Tensor, masked_source: torch.Tensor,
+                  target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (source, target) features L_DA compares: the code's normalised I~_src and I_tgt, or the text's
+    I_src and I_tgt (x = I)."""
+    if LMMD_VARIANTS[variant]["features"] == "code":
+        return F.normalize(masked_source, dim=-1), F.normalize(target, dim=-1)
+    return source, target
+
+
+def facmic_lmmd(source: torch.Tensor, masked_source: torch.Tensor, target: torch.Tensor, labels: torch.Tensor,
+                target_probs: torch.Tensor, num_classes: int, variant: str = "code") -> torch.Tensor:
+    """FACMIC's L_DA for a source batch (frozen features ``source``, masked ``masked_source``, labels known)
+    and a target batch of frozen features ``target`` whose class probabilities are ``target_probs``
+    (``facmic_pseudo_labels``), in the code's or the text's variant (``LMMD_VARIANTS``)."""
     v = LMMD_VARIANTS[variant]
+    s, t = lmmd_features(variant, source, masked_source, target)
     probs = target_probs.detach()
     if v["hard_targets"]:
         probs = F.one_hot(probs.argmax(dim=-1), num_classes).to(probs.dtype)
-    return lmmd_loss(source, target, labels, probs, num_classes, kernel_num=v["kernel_num"],
+    return lmmd_loss(s, t, labels, probs, num_classes, kernel_num=v["kernel_num"],
                      bandwidth=v["bandwidth"], class_average=v["class_average"])
+
+
+def facmic_domain_loss(head: nn.Module, source: torch.Tensor, masked_source: torch.Tensor, labels: torch.Tensor,
+                       target: torch.Tensor, text_features: torch.Tensor, num_classes: int,
+                       variant: str = "code") -> torch.Tensor:
+    """One step's L_DA: the attention ``head`` masks the target batch (in the module's mode, as the code's
+    train step does: in training its BN sees the target batch), the masked target gives the pseudo-labels,
+    and ``facmic_lmmd`` compares the variant's features."""
+    probs = facmic_pseudo_labels(head(target), text_features)
+    return facmic_lmmd(source, masked_source, target, labels, probs, num_classes, variant)
 
 
 @METHODS.register("facmic")
@@ -70,7 +107,7 @@ class Facmic(ClipFeatureModule):
         *args,
         lmmd_weight: float = 1.0,
         target: Literal["val", "held_out_client"] = "val",
-        lmmd_variant: Literal["paper", "code"] = "paper",
+        lmmd_variant: Literal["code", "text"] = "code",
         betas: tuple[float, float] = (0.9, 0.98),
         **kwargs,
     ) -> None:
@@ -111,11 +148,11 @@ class Facmic(ClipFeatureModule):
         idx = torch.randperm(len(pool), generator=gen, device=gen.device)[: min(n, len(pool))]
         return pool[idx.to(pool.device)]
 
-    def domain_loss(self, source: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        target = self.head(self.draw_target(len(source), gen))
-        with torch.no_grad():
-            probs = torch.softmax(self.class_logits(target), dim=-1)
-        return facmic_lmmd(source, target, labels, probs, self.num_classes, self.lmmd_variant)
+    def domain_loss(self, source: torch.Tensor, masked: torch.Tensor, labels: torch.Tensor,
+                    gen: torch.Generator) -> torch.Tensor:
+        target = self.draw_target(len(source), gen)
+        return facmic_domain_loss(self.head, source, masked, labels, target, self.text_features, self.num_classes,
+                                  self.lmmd_variant)
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         def loss(batch):
@@ -124,6 +161,6 @@ class Facmic(ClipFeatureModule):
             contrastive = clip_contrastive_loss(masked, self.text_features[y], self.frozen_clip.logit_scale)
             if not self.lmmd_weight:
                 return contrastive
-            return contrastive + self.lmmd_weight * self.domain_loss(masked, y, ctx.generator)
+            return contrastive + self.lmmd_weight * self.domain_loss(x, masked, y, ctx.generator)
 
         return loss

@@ -1,10 +1,12 @@
 """FACMIC's L_DA in its two variants, each against a hand computation with explicit loops.
 
-paper: one Gaussian kernel k(a, b) = exp(-||a - b||^2 / m), m the median squared distance over the
-       off-diagonal pairs of the joint batch; hard (argmax) target labels; sum over the classes
-       present on both sides, divided by K (Eq. 5-6 and Sec. 3.2).
-code:  DSAN's five kernels exp(-d / (b 2^(i-2))), i = 0..4, b the mean off-diagonal squared distance;
-       soft target weights; average over the classes present on both sides.
+code (default): the masked source features against the UNMASKED target features, both L2-normalised;
+       DSAN's five kernels exp(-d / (b 2^(i-2))), i = 0..4, b the mean off-diagonal squared distance;
+       soft target weights; average over the classes present on both sides (utils/training.py,
+       adaptation.py; tests/test_golden_facmic.py checks it against the code's own numbers).
+text:  x = I: the unmasked features on both sides; one Gaussian kernel k(a, b) = exp(-||a - b||^2 / m),
+       m the median squared distance over the off-diagonal pairs of the joint batch; hard (argmax)
+       target labels; sum over the classes present on both sides, divided by K (Eq. 5-6, Sec. 2.2, 3.2).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def _batch():
     target = torch.randn(5, 4, generator=gen, dtype=torch.float64) + 0.4
     labels = torch.tensor([0, 0, 1, 1, 1, 2])  # class 3: on neither side
     logits = torch.randn(5, 4, generator=gen, dtype=torch.float64) + torch.tensor([1.5, 1.5, -9.0, -9.0])
-    return source, target, labels, torch.softmax(logits, dim=1)
+    masked = source * torch.softmax(torch.randn(6, 4, generator=gen, dtype=torch.float64), dim=1)
+    return source, masked, target, labels, torch.softmax(logits, dim=1)
 
 
 def _sq(a, b) -> float:
@@ -49,9 +52,9 @@ def _off_diagonal_sq(source, target) -> list[float]:
     return [_sq(joint[i], joint[j]) for i in range(len(joint)) for j in range(len(joint)) if i != j]
 
 
-def test_paper_variant_is_one_gaussian_kernel_with_median_bandwidth_hard_labels_over_k():
-    source, target, labels, probs = _batch()
-    assert LMMD_VARIANTS["paper"]["kernel_num"] == 1
+def test_text_variant_is_one_gaussian_kernel_on_unmasked_features_median_bandwidth_hard_labels_over_k():
+    source, masked, target, labels, probs = _batch()
+    assert sorted(LMMD_VARIANTS) == ["code", "text"]
     median = statistics.median_low(_off_diagonal_sq(source, target))  # torch.median: the lower middle value
 
     def kernel(a, b):
@@ -61,12 +64,13 @@ def test_paper_variant_is_one_gaussian_kernel_with_median_bandwidth_hard_labels_
     present = [c for c in range(4) if (labels == c).any() and (hard[:, c] > 0).any()]
     assert present == [0, 1]  # class 2 has no target argmax, class 3 nothing at all
     expected = _by_hand(source, target, labels, hard, kernel, present, divide_by=4)
-    got = facmic_lmmd(source, target, labels, probs, 4, "paper")
+    got = facmic_lmmd(source, masked, target, labels, probs, 4, "text")
     assert got.item() == pytest.approx(expected, rel=1e-6)  # the loss computes in float32
 
 
-def test_code_variant_is_dsan_five_kernels_mean_bandwidth_soft_weights_over_present_classes():
-    source, target, labels, probs = _batch()
+def test_code_variant_is_normalised_masked_source_against_normalised_target_five_kernels_soft_weights():
+    source_raw, masked, target_raw, labels, probs = _batch()
+    source, target = masked / masked.norm(dim=1, keepdim=True), target_raw / target_raw.norm(dim=1, keepdim=True)
     mean = statistics.fmean(_off_diagonal_sq(source, target))
 
     def kernel(a, b):
@@ -74,7 +78,8 @@ def test_code_variant_is_dsan_five_kernels_mean_bandwidth_soft_weights_over_pres
 
     present = [c for c in range(4) if (labels == c).any() and (probs.argmax(1) == c).any()]
     expected = _by_hand(source, target, labels, probs, kernel, present, divide_by=len(present))
-    got = facmic_lmmd(source, target, labels, probs, 4, "code")
+    got = facmic_lmmd(source_raw, masked, target_raw, labels, probs, 4, "code")
     assert got.item() == pytest.approx(expected, rel=1e-6)  # the loss computes in float32
+    assert facmic_lmmd(source_raw, masked, target_raw, labels, probs, 4).item() == got.item()  # the default
     # the two variants are different losses on the same batch
-    assert abs(got.item() - facmic_lmmd(source, target, labels, probs, 4, "paper").item()) > 1e-3
+    assert abs(got.item() - facmic_lmmd(source_raw, masked, target_raw, labels, probs, 4, "text").item()) > 1e-3

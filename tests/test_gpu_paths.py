@@ -230,6 +230,7 @@ def test_facmic_lmmd_reads_nothing_back_from_the_device():
     raises; FACMIC's LMMD, computed every local step, now runs through: no host sync per step. Its
     value is unchanged (tests/test_clip_components.py checks it against the per-class formula)."""
     from lightning_modules.components.clip_losses import lmmd_loss
+    from lightning_modules.facmic import LMMD_VARIANTS, facmic_domain_loss
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         source, target = torch.randn(8, 4, device="cuda"), torch.randn(6, 4, device="cuda")
@@ -237,6 +238,14 @@ def test_facmic_lmmd_reads_nothing_back_from_the_device():
         probs = torch.softmax(torch.randn(6, 3, device="cuda"), dim=1)
         for average in ("present", "all"):
             loss = lmmd_loss(source, target, labels, probs, 3, class_average=average)
+            assert loss.device.type == "cuda" and loss.shape == ()
+        # FACMIC's whole L_DA in both variants (the code's normalised features; the text's median bandwidth)
+        def head(x):  # a mask as FeatureAttention's (a module cannot move to a fake device)
+            return torch.softmax(x, dim=-1) * x
+
+        masked = head(source)
+        for variant in LMMD_VARIANTS:
+            loss = facmic_domain_loss(head, source, masked, labels, target, torch.randn(3, 4, device="cuda"), 3, variant)
             assert loss.device.type == "cuda" and loss.shape == ()
 
 

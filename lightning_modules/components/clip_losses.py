@@ -1,7 +1,8 @@
 """FACMIC's losses: CLIP-style batch contrastive loss and LMMD (local maximum mean discrepancy).
 
 Formulas follow FACMIC's public code (see shared notes/reference-implementations.md), which takes
-its LMMD from DSAN. Where the FACMIC paper says otherwise, the paper's variant is an option:
+its LMMD from DSAN. Where the FACMIC paper's text says otherwise, the text's variant is an option
+(lightning_modules/facmic.py ``lmmd_variant: text`` combines them; which features enter is chosen there):
 
 - bandwidth: the code uses the mean squared pairwise distance of the joint batch
   (``bandwidth="mean"``); the paper's text says the median (``bandwidth="median"``).
@@ -9,8 +10,7 @@ its LMMD from DSAN. Where the FACMIC paper says otherwise, the paper's variant i
   target batch's argmax pseudo-labels (``class_average="present"``); the paper's Eq. (5) divides
   by K (``class_average="all"``, still summing only over present classes).
 - target weights: the code uses soft pseudo-labels; the paper assigns the argmax class. Pass
-  one-hot ``target_probs`` for the paper's hard assignment.
-"""
+  one-hot ``target_probs`` for the paper's hard assignment."""
 
 from __future__ import annotations
 
@@ -64,8 +64,10 @@ def gaussian_kernel_matrix(
     elif bandwidth == "mean":
         base = dist.detach().sum() / max(n * n - n, 1)
     elif bandwidth == "median":
-        off_diag = ~torch.eye(n, dtype=torch.bool, device=joint.device)
-        base = dist.detach()[off_diag].median() if n > 1 else dist.new_tensor(1.0)
+        # the lower median of the off-diagonal pairs; masking with NaN keeps the shape static (boolean
+        # indexing would read the mask back to the host on a GPU)
+        diag = torch.eye(n, dtype=torch.bool, device=joint.device)
+        base = dist.detach().masked_fill(diag, float("nan")).nanmedian() if n > 1 else dist.new_tensor(1.0)
     else:
         raise ValueError(f"bandwidth must be 'mean' or 'median', got {bandwidth!r}")
     base = base.clamp_min(1e-12) / kernel_mul ** (kernel_num // 2)

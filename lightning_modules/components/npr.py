@@ -157,8 +157,11 @@ def update_prototypes(
 ) -> Tensor:
     """New prototypes: per class and sub-cluster, the L2-normalised mean of its members.
 
-    Sub-clusters with no member and classes absent from ``labels`` keep their old
-    prototype. The input is not modified. Deterministic for the paper variant and, given
+    ``paper``: sub-clusters with no member (and so classes absent from ``labels``) keep their
+    old prototype. ``public_code`` does what the code's update_prototype does: a class with
+    at most one sample keeps its prototypes, and in an updated class a sub-cluster with no
+    member becomes the zero vector (its 0 / (0 + 1e-10), normalised), which then scores a
+    cosine of 0. The input is not modified. Deterministic for the paper variant and, given
     an equally seeded generator, for ``public_code``.
 
     Args:
@@ -177,7 +180,12 @@ def update_prototypes(
     sums = onehot.T @ feats  # [C*K, D]; a matmul, not scatter-add, so it is deterministic
     counts = onehot.sum(dim=0)
     new = F.normalize(sums, dim=1).to(device=prototypes.device, dtype=prototypes.dtype)
-    keep = (counts == 0).to(prototypes.device).unsqueeze(1)
+    if variant == "public_code":
+        per_class = counts.reshape(num_classes, k).sum(dim=1, keepdim=True).expand(num_classes, k).reshape(-1)
+        keep = per_class <= 1
+    else:
+        keep = counts == 0
+    keep = keep.to(prototypes.device).unsqueeze(1)
     flat_old = prototypes.detach().reshape(num_classes * k, dim)
     return torch.where(keep, flat_old, new).reshape(num_classes, k, dim)
 
