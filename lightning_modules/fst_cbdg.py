@@ -33,12 +33,9 @@ Options (``method.args``), paper defaults: beta 0.9, gamma 0, lambda 1 (``tsamp_
                   every draw from its own features and current pseudo-labels as the per-dimension RMS
                   distance of its normalised image features to their pseudo-class's normalised text
                   feature (``estimate_sigma``), so the synthetic features spread like the real ones.
-  tsamp_reduction 'sum' (default): Eq. 6 literally. 'mean': L_tSamp averaged over the synthetic
-                  features (the default before issue 37; not the paper's).
-  synthetic_draw  'iteration' (default): Eqs. 5 and 7 drawn afresh at every iteration (Algorithm 1,
-                  lines 16-17). 'epoch': one pool per local epoch, drawn from the pseudo-labels at the
-                  epoch's start, shuffled and shared out over the epoch's batches in proportion to the
-                  real samples seen (the default before issue 37; not the paper's).
+Before issue 37, L_tSamp was a mean over the synthetic features (``tsamp_reduction: mean``) and one
+pool per local epoch was shared out over its batches; both changed the effective lambda and were
+removed (no config used them).
 The paper's optimiser (SGD lr 0.01, momentum 0.9, weight decay 1e-5) comes from the run config.
 """
 from __future__ import annotations
@@ -76,19 +73,12 @@ class FstCbdg(ClipFeatureModule):
         gamma: float = 0.0,
         tsamp_weight: float = 1.0,
         sigma: float | str = "auto",
-        tsamp_reduction: Literal["sum", "mean"] = "sum",
         ist_weight: float = 1.0,
         sampling: Literal["balanced", "equal"] = "balanced",
-        synthetic_draw: Literal["iteration", "epoch"] = "iteration",
         **kwargs,
     ) -> None:
         if not (sigma == "auto" or (isinstance(sigma, (int, float)) and sigma >= 0)):
             raise FedbenchError(f"fst-cbdg: sigma must be 'auto' or a number >= 0, got {sigma!r}.")
-        if tsamp_reduction not in ("mean", "sum"):
-            raise FedbenchError(f"fst-cbdg: tsamp_reduction must be 'mean' or 'sum', got {tsamp_reduction!r}.")
-        if synthetic_draw not in ("iteration", "epoch"):
-            raise FedbenchError(f"fst-cbdg: synthetic_draw must be 'iteration' (Algorithm 1) or 'epoch', "
-                                f"got {synthetic_draw!r}.")
         if sampling not in ("balanced", "equal"):
             raise FedbenchError(f"fst-cbdg: sampling must be 'balanced' (Eq. 7) or 'equal', got {sampling!r}.")
         if ist_weight < 0 or tsamp_weight < 0 or not (ist_weight or tsamp_weight):
@@ -98,8 +88,7 @@ class FstCbdg(ClipFeatureModule):
             raise FedbenchError(f"fst-cbdg: need 0 <= beta <= 1 and gamma >= 0, got beta={beta}, gamma={gamma}.")
         super().__init__(*args, **kwargs)
         self.beta, self.gamma, self.tsamp_weight = beta, gamma, tsamp_weight
-        self.sigma, self.tsamp_reduction = sigma, tsamp_reduction
-        self.ist_weight, self.sampling, self.synthetic_draw = ist_weight, sampling, synthetic_draw
+        self.sigma, self.ist_weight, self.sampling = sigma, ist_weight, sampling
 
     # ---- model -----------------------------------------------------------------------------
     def build_head(self) -> nn.Module:
@@ -129,20 +118,16 @@ class FstCbdg(ClipFeatureModule):
             return float(self.sigma)
         return estimate_sigma(ctx.data.images[ctx.indices], self.text_features, pseudo)
 
-    def synthetic_pool(self, ctx: ClientContext, shuffle: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eqs. 5 and 7 from the client's current pseudo-labels (argmax q), drawn from ctx.generator;
-        grouped by class, or shuffled (``shuffle``: the per-epoch pool, which batches share out)."""
+    def synthetic_pool(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eqs. 5 and 7 from the client's current pseudo-labels (argmax q), drawn from ctx.generator
+        (features grouped by class in label order)."""
         pseudo = self.soft_labels(ctx).argmax(dim=1)
         if self.sampling == "equal":
             counts = torch.full((self.num_classes,), round(len(pseudo) / self.num_classes), dtype=torch.long)
         else:
             counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
         sigma = self.client_sigma(ctx, pseudo)
-        z, z_labels = sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
-        if not shuffle:
-            return z, z_labels
-        perm = torch.randperm(len(z_labels), generator=ctx.generator, device=ctx.generator.device).to(z.device)
-        return z[perm], z_labels[perm]
+        return sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
 
     def client_batches(self, ctx: ClientContext) -> SelfTrainingBatches:
         self.soft_labels(ctx)
@@ -152,7 +137,7 @@ class FstCbdg(ClipFeatureModule):
         q = self.soft_labels(ctx)
 
         def loss(batch):
-            x, rows = batch[:2]
+            x, rows = batch
             logits = self(x)
             q_rows = update_soft_labels(q[rows], torch.softmax(logits, dim=-1), self.beta)  # Eq. 4
             q[rows] = q_rows
@@ -160,19 +145,17 @@ class FstCbdg(ClipFeatureModule):
             if self.ist_weight != 1.0:
                 total = self.ist_weight * total
             if self.tsamp_weight:
-                # Eqs. 5 and 7 from the updated pseudo-labels (Algorithm 1, lines 14-17), or the epoch pool's share
-                z, z_labels = batch[2:] if len(batch) == 4 else self.synthetic_pool(ctx, shuffle=False)
-                total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels, self.tsamp_reduction)
+                z, z_labels = self.synthetic_pool(ctx)  # Eqs. 5 and 7 from the updated q (Algorithm 1, 14-17)
+                total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels)  # Eq. 6, a sum
             return total
 
         return loss
 
 
 class SelfTrainingBatches:
-    """FST-CBDG's batches of one client: (features, rows), plus (z, z_labels) with
-    ``synthetic_draw='epoch'``. ``rows`` are the samples' positions in the client's list (rows of q),
-    (z, z_labels) the batch's share of the epoch's synthetic pool, drawn when the epoch starts (with
-    'iteration' the objective draws them per batch); the real samples are the default batches'."""
+    """FST-CBDG's batches of one client: (features, rows), ``rows`` the samples' positions in the
+    client's list (rows of q); the real samples are the default batches'. The synthetic features are
+    drawn by the objective, per batch."""
 
     def __init__(self, module: FstCbdg, ctx: ClientContext, epochs: EpochBatches) -> None:
         self.module, self.ctx, self.epochs = module, ctx, epochs
@@ -185,20 +168,6 @@ class SelfTrainingBatches:
     def __len__(self) -> int:
         return len(self.epochs)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        if self.module.synthetic_draw == "epoch":
-            yield from self.with_epoch_pool()
-            return
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in self.epochs.index_batches():
             yield self.ctx.data.to_float(idx)[0], self.order[torch.searchsorted(self.sorted, idx)]
-
-    def with_epoch_pool(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        """The old, non-paper variant: one pool per epoch, shared out in proportion to the real samples seen."""
-        ctx = self.ctx
-        z, z_labels = self.module.synthetic_pool(ctx)
-        total, n, seen = len(z_labels), len(ctx.indices), 0
-        for idx in self.epochs.index_batches():
-            rows = self.order[torch.searchsorted(self.sorted, idx)]
-            start, end = seen * total // n, (seen + len(idx)) * total // n
-            seen += len(idx)
-            yield ctx.data.to_float(idx)[0], rows, z[start:end], z_labels[start:end]

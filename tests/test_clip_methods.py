@@ -192,6 +192,7 @@ def test_fst_cbdg_draws_eq5_eq7_afresh_every_iteration_and_sums_eq6(clip_cfg):
     ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(7), batch_size=32)
     module.train()
     batches, objective = module.client_batches(ctx), module.client_objective(ctx)
+    assert len(batches) == len(EpochBatches(train, idx, 32, 0, 0, 0)) == 4  # the default batches
     text = F.normalize(module.text_features, dim=-1)
     draws = []
     for x, rows in batches:
@@ -208,32 +209,6 @@ def test_fst_cbdg_draws_eq5_eq7_afresh_every_iteration_and_sums_eq6(clip_cfg):
         assert math.isclose(float(loss), float(ist + 0.7 * tsamp), rel_tol=1e-5)
         draws.append(len(labels))
     assert len(draws) == 4 and min(draws) > 0
-
-
-def test_fst_cbdg_epoch_pool_option_follows_eq7_and_is_shared_over_the_epoch(clip_cfg):
-    """``synthetic_draw: epoch``, the behaviour before issue 37 (not the paper's): one pool per epoch."""
-    _, module, (train, _, _) = prepared(clip_cfg("fst-cbdg", {"gamma": 0.5, "sigma": 0.05,
-                                                              "synthetic_draw": "epoch"}))
-    idx = torch.arange(0, 300, 3)
-    ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(7), batch_size=32)
-    module.train()
-    batches = module.client_batches(ctx)
-    objective = module.client_objective(ctx)
-    assert len(batches) == len(EpochBatches(train, idx, 32, 0, 0, 0)) == 4
-    for epoch in range(2):  # a fresh pool per local epoch, from the pseudo-labels of its start
-        m = torch.bincount(ctx.state["q"].argmax(dim=1), minlength=10)
-        batches.set_epoch(epoch)
-        shares, real = [], []
-        for x, rows, z, z_labels in batches:
-            assert torch.equal(x, train.images[idx[rows]])  # the default batches' samples
-            shares.append(z_labels)
-            real.append(len(rows))
-            objective((x, rows, z, z_labels))  # updates q (Eq. 4)
-        pool = torch.cat(shares)
-        counts = torch.bincount(pool, minlength=10)
-        assert torch.equal(counts + m, torch.full((10,), math.floor(1.5 * int(m.max()) + 0.5)))  # Eq. 7
-        seen = torch.tensor(real).cumsum(0)  # shared out in proportion to the real samples seen
-        assert [len(z) for z in shares] == (seen * len(pool) // len(idx)).diff(prepend=torch.tensor([0])).tolist()
 
 
 class BiasedClipWorld:

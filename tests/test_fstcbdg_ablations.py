@@ -56,7 +56,7 @@ def test_each_loss_alone(clip_cfg, args):  # noqa: F811
     before = ctx.generator.get_state()
     loss = module.client_objective(ctx)(batch)  # updates q, then draws (Eqs. 5, 7) when L_tSamp is on
     ctx.generator.set_state(before)
-    z, z_labels = module.synthetic_pool(ctx, shuffle=False)  # the same draw, from the updated q
+    z, z_labels = module.synthetic_pool(ctx)  # the same draw, from the updated q
     ist, tsamp = self_training_loss(logits, q_new), text_sampling_loss(module.head, z, z_labels)  # Eq. 6's sum
     assert len(z) > 0
     expected = tsamp if args.get("ist_weight") == 0.0 else ist
@@ -78,8 +78,6 @@ def test_equal_sampling_draws_the_same_count_for_every_class(clip_cfg):  # noqa:
     assert torch.equal(counts + m, torch.full((10,), int(m.max())))  # Eq. 7 with gamma 0
     with pytest.raises(FedbenchError, match="sampling.*must be one of"):
         prepared(clip_cfg("fst-cbdg", {"sampling": "uniform"}))
-    with pytest.raises(FedbenchError, match="synthetic_draw.*must be one of"):
-        prepared(clip_cfg("fst-cbdg", {"synthetic_draw": "batch"}))
 
 
 def test_tsamp_centralized_trains_one_client_on_the_pooled_unlabeled_data(clip_cfg):  # noqa: F811

@@ -234,22 +234,10 @@ def test_algorithm1_iterations_draw_afresh_and_sum_eq6(golden, clip_cfg):  # noq
     objective = module.client_objective(ctx)
     for rows, expected in zip(inp["batches"], golden["outputs"]["algorithm1_iterations"]):
         rows = torch.tensor(rows)
-        loss = objective(batch_for(module, ctx, rows))
+        loss = objective((I[rows], rows))  # a batch: the client's features of ``rows`` and the rows
         assert math.isclose(float(loss), expected["loss"], rel_tol=1e-5), (float(loss), expected)
     q_after = torch.tensor(golden["outputs"]["q_after_iterations"])
     assert torch.allclose(ctx.state["q"], q_after, atol=1e-6)
-
-
-def batch_for(module, ctx, rows):
-    """The batch of ``rows`` as the module's batches carry it: (x, rows), or with a per-epoch pool
-    (``synthetic_draw: epoch``, the only behaviour before issue 37) (x, rows, z, z_labels), z the
-    pool's share for a batch of len(rows) of the client's samples."""
-    x = ctx.data.images[ctx.indices[rows]]
-    if getattr(module, "synthetic_draw", "epoch") == "epoch":
-        z, z_labels = module.synthetic_pool(ctx)
-        share = len(z) * len(rows) // len(ctx.indices)
-        return x, rows, z[:share], z_labels[:share]
-    return x, rows
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
