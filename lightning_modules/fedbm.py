@@ -27,8 +27,8 @@ Defaults are the public code's OCT-C8 run (gen_steps 100, gen_batch 64, gen_lr 3
 rounds from round 5, g_batch 16, lambda_div 1, lambda_dis 0.1); Kvasir uses g_batch 32 and
 lambda_dis 1 (beta 0.05) / 0.1 (beta 0.1). ``gen_base_channels`` defaults to the reference 128
 for images >= 64 px and 64 below (a cheaper generator for 28-32 px data). ``classifier``:
-distribution (default) or embedding_average (then L_sem is its plain CE); random_frozen has no
-concept distribution to condition on and is rejected; ``learned`` is FedBM Table VI's "w/o LKCC":
+distribution (default) or embedding_average (then L_sem is its plain CE); ``learned`` is FedBM
+Table VI's "w/o LKCC":
 the classifier is an ordinary trainable linear layer on the pooled feature (trained with CE and
 aggregated, as FedAvg's), the generator is still conditioned on the concept distributions
 (z ~ N(mu_y, cov_y)) and L_sem is the CE of the global model's (learned, biased) classifier on

@@ -16,11 +16,11 @@ Only the backbone and the projection train and are aggregated (the buffers ``hea
 ``classifier`` (FedBM Table VIII / FedCB Table 1 ablations):
   distribution       the above (default);
   embedding_average  Eq. 1 with averaged embeddings: logits tau h.mu_k, plain CE (Sigma = 0);
-  random_frozen      FedAvg with a fixed random frozen classifier: rows N(0, I) from ``random_seed``,
-                     L2-normalised, logits tau h.W_k, plain CE (no text encoder is run).
   learned            no LKCC: FedAvg's trainable linear classifier on the backbone's pooled feature
                      (trained with CE and aggregated); only FedBM takes it, as its "w/o LKCC"
                      ablation (Table VI), where the concept distributions still condition CGDE.
+The tables' "Random (Freezing)" baseline is not a FedCB classifier: it is FedAvg with a frozen random
+linear head (``fedavg_random_frozen.py``).
 tau: the public code uses 17.5 / 12.5 (OCT-C8, beta 0.05 / 0.1) and 12.5 / 7.5 (Kvasir); the
 default 12.5 is the value shared by both datasets (configs set the per-setting value). With the
 offline MiniLM encoder, whose class means are closer together than BiomedCLIP's, a larger tau
@@ -46,12 +46,11 @@ from lightning_modules.components.lkcc import (
     embedding_average_logits,
     lkcc_logits,
     lkcc_surrogate_loss,
-    random_frozen_classifier,
 )
 from lightning_modules.components.prompts import ClassPrompts, announce_defaults, class_prompts
 from lightning_modules.components.text_encoders import ENCODERS, class_prompt_embeddings
 
-CLASSIFIERS = ("distribution", "embedding_average", "random_frozen", "learned")
+CLASSIFIERS = ("distribution", "embedding_average", "learned")
 DEFAULT_TEXT_CACHE = str(Path(DEFAULT_CACHE_DIR) / "features")
 
 
@@ -126,7 +125,7 @@ class FedCB(FederatedModule):
     takes_learned_classifier = False  # FedBM's "w/o LKCC" only: FedCB with it would be FedAvg
 
     def __init__(self, *args, classifier: str = "distribution", text_encoder: str = "minilm", tau: float = 12.5,
-                 prompt_fraction: float = 1.0, random_seed: int = 0, text_cache_dir: str | None = None,
+                 prompt_fraction: float = 1.0, text_cache_dir: str | None = None,
                  prompts: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         allowed = [c for c in CLASSIFIERS if c != "learned" or self.takes_learned_classifier]
@@ -140,22 +139,18 @@ class FedCB(FederatedModule):
         self.classifier, self.text_encoder, self.tau = classifier, text_encoder, float(tau)
         self.distribution: ConceptDistribution | None = None  # text-space distributions (FedBM's conditions)
         self.prompt_info: dict | None = None  # the concepts and templates used (kept in the run record)
-        if classifier == "random_frozen":
-            mu = random_frozen_classifier(self.num_classes, ENCODERS[text_encoder].dim, random_seed)
-            sigma = torch.zeros_like(mu)
-        else:
-            dataset = self.hparams.get("dataset_name")
-            if self.class_names is None:
-                raise FedbenchError(f"{type(self).__name__} needs the class names to build the class prompts.")
-            cp = class_prompts(dataset, self.class_names, prompts)
-            announce_defaults(cp, dataset, self.method_name(), uses_templates=True)
-            self.prompt_info = cp.to_json()
-            self.distribution = concept_distribution(cp, text_encoder, prompt_fraction,
-                                                     text_cache_dir or DEFAULT_TEXT_CACHE)
-            if self.distribution.num_classes != self.num_classes:
-                raise FedbenchError(f"{self.distribution.num_classes} concepts for {self.num_classes} classes.")
-            mu = self.distribution.mu
-            sigma = self.distribution.sigma_diag if classifier == "distribution" else torch.zeros_like(mu)
+        dataset = self.hparams.get("dataset_name")
+        if self.class_names is None:
+            raise FedbenchError(f"{type(self).__name__} needs the class names to build the class prompts.")
+        cp = class_prompts(dataset, self.class_names, prompts)
+        announce_defaults(cp, dataset, self.method_name(), uses_templates=True)
+        self.prompt_info = cp.to_json()
+        self.distribution = concept_distribution(cp, text_encoder, prompt_fraction,
+                                                 text_cache_dir or DEFAULT_TEXT_CACHE)
+        if self.distribution.num_classes != self.num_classes:
+            raise FedbenchError(f"{self.distribution.num_classes} concepts for {self.num_classes} classes.")
+        mu = self.distribution.mu
+        sigma = self.distribution.sigma_diag if classifier == "distribution" else torch.zeros_like(mu)
         if classifier == "learned":
             self.head = LearnedHead(self.feature_dim, self.num_classes)
         else:
@@ -163,8 +158,6 @@ class FedCB(FederatedModule):
 
     def describe_backbone(self) -> str:
         """The image backbone and the weights behind the frozen classifier (records and tables name both)."""
-        if self.classifier == "random_frozen":
-            return f"{super().describe_backbone()} + random frozen classifier (no text encoder run)"
         return f"{super().describe_backbone()} + text encoder {self.text_encoder}"
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,12 +13,13 @@ initial head predicts exactly zero-shot CLIP's classes. Only (W, b) is trained a
 Per client (Algorithm 1, lines 10-20):
   q_j (persistent per-client state, one row per sample) starts at the zero-shot probabilities
   p_j = softmax(normalize(I_j) . normalize(T_k)) (Eq. 2, no temperature) the first time the client
-  is sampled. Its batches (``client_batches``, ``SelfTrainingBatches``): at each local epoch start
-  the client counts its images per argmax pseudo-label m_k and draws n_k = (1 + gamma) m_max - m_k
-  synthetic features z ~ N(normalize(T_k), sigma^2 I) per class (Eqs. 5, 7), shuffled; the epoch's
-  batches of real samples (the default shuffling) share them out in proportion to the real samples
-  seen. Per batch (``client_objective``): q_j <- beta q_j + (1 - beta) f(I_j) (Eq. 4, with the
-  current head, before the step); loss = L_iST(f(I), q) (Eq. 3) + lambda L_tSamp(f(z), k) (Eq. 6).
+  is sampled. Per iteration (``client_objective``; the real samples are the default shuffled batches):
+  q_j <- beta q_j + (1 - beta) f(I_j) for the batch (Eq. 4, with the current head, before the step);
+  then, from the client's updated pseudo-labels (argmax q over all its images), m_k, the counts
+  n_k = (1 + gamma) m_max - m_k (Eq. 7) and a fresh draw z ~ N(normalize(T_k), sigma^2 I) of n_k
+  features per class (Eq. 5), all from the client's generator (a function of seed, round and client,
+  so deterministic and independent of the rank); loss = L_iST(f(I), q) (Eq. 3, a batch mean)
+  + lambda L_tSamp(f(z), k) (Eq. 6, a sum over the draw), as in Algorithm 1, lines 14-18.
 
 Options (``method.args``), paper defaults: beta 0.9, gamma 0, lambda 1 (``tsamp_weight``).
   ist_weight      the weight of L_iST (1). 0 and tsamp_weight 0 are the paper's Table 3 ablations
@@ -29,12 +30,12 @@ Options (``method.args``), paper defaults: beta 0.9, gamma 0, lambda 1 (``tsamp_
                   paper gives no number, so it is the client's mean per class, round(n / K) (as many
                   synthetic features as real ones; our choice).
   sigma           not given by the paper. A float, or 'auto' (default): each client estimates it at
-                  every local epoch from its own features and pseudo-labels as the per-dimension RMS
+                  every draw from its own features and current pseudo-labels as the per-dimension RMS
                   distance of its normalised image features to their pseudo-class's normalised text
                   feature (``estimate_sigma``), so the synthetic features spread like the real ones.
-  tsamp_reduction 'mean' (default): L_tSamp averaged over the batch's synthetic features, like Eq. 3
-                  over the real ones. 'sum': Eq. 6 literally (a sum), whose weight then grows with
-                  the client's class imbalance.
+Before issue 37, L_tSamp was a mean over the synthetic features (``tsamp_reduction: mean``) and one
+pool per local epoch was shared out over its batches; both changed the effective lambda and were
+removed (no config used them).
 The paper's optimiser (SGD lr 0.01, momentum 0.9, weight decay 1e-5) comes from the run config.
 """
 from __future__ import annotations
@@ -72,15 +73,12 @@ class FstCbdg(ClipFeatureModule):
         gamma: float = 0.0,
         tsamp_weight: float = 1.0,
         sigma: float | str = "auto",
-        tsamp_reduction: Literal["mean", "sum"] = "mean",
         ist_weight: float = 1.0,
         sampling: Literal["balanced", "equal"] = "balanced",
         **kwargs,
     ) -> None:
         if not (sigma == "auto" or (isinstance(sigma, (int, float)) and sigma >= 0)):
             raise FedbenchError(f"fst-cbdg: sigma must be 'auto' or a number >= 0, got {sigma!r}.")
-        if tsamp_reduction not in ("mean", "sum"):
-            raise FedbenchError(f"fst-cbdg: tsamp_reduction must be 'mean' or 'sum', got {tsamp_reduction!r}.")
         if sampling not in ("balanced", "equal"):
             raise FedbenchError(f"fst-cbdg: sampling must be 'balanced' (Eq. 7) or 'equal', got {sampling!r}.")
         if ist_weight < 0 or tsamp_weight < 0 or not (ist_weight or tsamp_weight):
@@ -90,8 +88,7 @@ class FstCbdg(ClipFeatureModule):
             raise FedbenchError(f"fst-cbdg: need 0 <= beta <= 1 and gamma >= 0, got beta={beta}, gamma={gamma}.")
         super().__init__(*args, **kwargs)
         self.beta, self.gamma, self.tsamp_weight = beta, gamma, tsamp_weight
-        self.sigma, self.tsamp_reduction = sigma, tsamp_reduction
-        self.ist_weight, self.sampling = ist_weight, sampling
+        self.sigma, self.ist_weight, self.sampling = sigma, ist_weight, sampling
 
     # ---- model -----------------------------------------------------------------------------
     def build_head(self) -> nn.Module:
@@ -122,16 +119,15 @@ class FstCbdg(ClipFeatureModule):
         return estimate_sigma(ctx.data.images[ctx.indices], self.text_features, pseudo)
 
     def synthetic_pool(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eqs. 5 and 7 for one local epoch, from the client's current pseudo-labels, shuffled."""
+        """Eqs. 5 and 7 from the client's current pseudo-labels (argmax q), drawn from ctx.generator
+        (features grouped by class in label order)."""
         pseudo = self.soft_labels(ctx).argmax(dim=1)
         if self.sampling == "equal":
             counts = torch.full((self.num_classes,), round(len(pseudo) / self.num_classes), dtype=torch.long)
         else:
             counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
         sigma = self.client_sigma(ctx, pseudo)
-        z, z_labels = sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
-        perm = torch.randperm(len(z_labels), generator=ctx.generator, device=ctx.generator.device).to(z.device)
-        return z[perm], z_labels[perm]
+        return sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
 
     def client_batches(self, ctx: ClientContext) -> SelfTrainingBatches:
         self.soft_labels(ctx)
@@ -141,7 +137,7 @@ class FstCbdg(ClipFeatureModule):
         q = self.soft_labels(ctx)
 
         def loss(batch):
-            x, rows, z, z_labels = batch
+            x, rows = batch
             logits = self(x)
             q_rows = update_soft_labels(q[rows], torch.softmax(logits, dim=-1), self.beta)  # Eq. 4
             q[rows] = q_rows
@@ -149,16 +145,17 @@ class FstCbdg(ClipFeatureModule):
             if self.ist_weight != 1.0:
                 total = self.ist_weight * total
             if self.tsamp_weight:
-                total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels, self.tsamp_reduction)
+                z, z_labels = self.synthetic_pool(ctx)  # Eqs. 5 and 7 from the updated q (Algorithm 1, 14-17)
+                total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels)  # Eq. 6, a sum
             return total
 
         return loss
 
 
 class SelfTrainingBatches:
-    """FST-CBDG's batches of one client: (features, rows, z, z_labels). ``rows`` are the samples'
-    positions in the client's list (rows of q), (z, z_labels) the batch's share of the epoch's
-    synthetic pool, drawn when the epoch starts; the real samples are the default batches'."""
+    """FST-CBDG's batches of one client: (features, rows), ``rows`` the samples' positions in the
+    client's list (rows of q); the real samples are the default batches'. The synthetic features are
+    drawn by the objective, per batch."""
 
     def __init__(self, module: FstCbdg, ctx: ClientContext, epochs: EpochBatches) -> None:
         self.module, self.ctx, self.epochs = module, ctx, epochs
@@ -171,12 +168,6 @@ class SelfTrainingBatches:
     def __len__(self) -> int:
         return len(self.epochs)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        ctx = self.ctx
-        z, z_labels = self.module.synthetic_pool(ctx)
-        total, n, seen = len(z_labels), len(ctx.indices), 0
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in self.epochs.index_batches():
-            rows = self.order[torch.searchsorted(self.sorted, idx)]
-            start, end = seen * total // n, (seen + len(idx)) * total // n
-            seen += len(idx)
-            yield ctx.data.to_float(idx)[0], rows, z[start:end], z_labels[start:end]
+            yield self.ctx.data.to_float(idx)[0], self.order[torch.searchsorted(self.sorted, idx)]

@@ -124,8 +124,8 @@ def test_fst_cbdg_starts_exactly_at_zero_shot(clip_cfg):
     # soft pseudo-labels start at the zero-shot probabilities (Eq. 2, no temperature)
     idx = torch.arange(5, 45)
     ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(1))
-    x, rows, z, z_labels = next(iter(module.client_batches(ctx)))
-    assert torch.equal(x, train.images[idx[rows]]) and len(z) == len(z_labels)
+    x, rows = next(iter(module.client_batches(ctx)))  # the synthetic features are drawn per iteration
+    assert torch.equal(x, train.images[idx[rows]])
     p = torch.softmax(F.normalize(train.images[idx], dim=-1) @ F.normalize(text, dim=-1).T, dim=-1)
     assert torch.allclose(ctx.state["q"], p, atol=1e-6)
     assert float(p.max()) < 0.2  # near-uniform, as the paper's Fig. 2 describes
@@ -183,28 +183,32 @@ def test_fst_cbdg_training_never_reads_a_label(clip_cfg, monkeypatch):
     assert float((true_state["head.weight"] - text).abs().max()) > 1e-4  # and the head did train
 
 
-def test_fst_cbdg_synthetic_counts_follow_eq7_and_are_shared_over_the_epoch(clip_cfg):
-    _, module, (train, _, _) = prepared(clip_cfg("fst-cbdg", {"gamma": 0.5, "sigma": 0.05}))
+def test_fst_cbdg_draws_eq5_eq7_afresh_every_iteration_and_sums_eq6(clip_cfg):
+    """Algorithm 1, lines 14-17: each iteration updates q of its batch (Eq. 4), then draws n_k (Eq. 7,
+    from the client's updated pseudo-labels) features per class (Eq. 5) from the client's generator
+    and adds lambda times their SUMMED cross-entropy (Eq. 6); nothing else consumes the generator."""
+    _, module, (train, _, _) = prepared(clip_cfg("fst-cbdg", {"gamma": 0.5, "sigma": 0.05, "tsamp_weight": 0.7}))
     idx = torch.arange(0, 300, 3)
     ctx = ClientContext(0, 0, 0, train, idx, 10, {}, generator=torch_generator(7), batch_size=32)
     module.train()
-    batches = module.client_batches(ctx)
-    objective = module.client_objective(ctx)
-    assert len(batches) == len(EpochBatches(train, idx, 32, 0, 0, 0)) == 4
-    for epoch in range(2):  # a fresh pool per local epoch, from the pseudo-labels of its start
+    batches, objective = module.client_batches(ctx), module.client_objective(ctx)
+    assert len(batches) == len(EpochBatches(train, idx, 32, 0, 0, 0)) == 4  # the default batches
+    text = F.normalize(module.text_features, dim=-1)
+    draws = []
+    for x, rows in batches:
+        replay = torch.Generator().set_state(ctx.generator.get_state())
+        q_new = 0.9 * ctx.state["q"][rows] + 0.1 * torch.softmax(module(x), -1).detach()
+        ist = -(q_new * torch.log_softmax(module(x), -1)).sum(1).mean()
+        loss = objective((x, rows))
         m = torch.bincount(ctx.state["q"].argmax(dim=1), minlength=10)
-        batches.set_epoch(epoch)
-        shares, real = [], []
-        for x, rows, z, z_labels in batches:
-            assert torch.equal(x, train.images[idx[rows]])  # the default batches' samples
-            shares.append(z_labels)
-            real.append(len(rows))
-            objective((x, rows, z, z_labels))  # updates q (Eq. 4)
-        pool = torch.cat(shares)
-        counts = torch.bincount(pool, minlength=10)
-        assert torch.equal(counts + m, torch.full((10,), math.floor(1.5 * int(m.max()) + 0.5)))  # Eq. 7
-        seen = torch.tensor(real).cumsum(0)  # shared out in proportion to the real samples seen
-        assert [len(z) for z in shares] == (seen * len(pool) // len(idx)).diff(prepend=torch.tensor([0])).tolist()
+        n = math.floor(1.5 * int(m.max()) + 0.5) - m  # Eq. 7 from the updated pseudo-labels
+        labels = torch.repeat_interleave(torch.arange(10), n)
+        z = text[labels] + 0.05 * torch.randn(len(labels), text.shape[1], generator=replay)  # Eq. 5
+        tsamp = -torch.log_softmax(module.head(z), -1)[torch.arange(len(labels)), labels].sum()  # Eq. 6
+        assert torch.equal(ctx.generator.get_state(), replay.get_state())  # one draw of sum(n) x D per step
+        assert math.isclose(float(loss), float(ist + 0.7 * tsamp), rel_tol=1e-5)
+        draws.append(len(labels))
+    assert len(draws) == 4 and min(draws) > 0
 
 
 class BiasedClipWorld:

@@ -96,24 +96,20 @@ def test_training_loss_is_the_closed_form_surrogate(text_cache):
 
 
 # ---- (c) the classifier variants ---------------------------------------------------------------
-def test_three_classifier_variants(text_cache):
+def test_classifier_variants(text_cache):
     dist = expected_distribution(text_cache)
     d = build(FedCB, text_cache)
     e = build(FedCB, text_cache, classifier="embedding_average")
-    r1 = build(FedCB, text_cache, classifier="random_frozen", random_seed=5)
-    r2 = build(FedCB, text_cache, classifier="random_frozen", random_seed=5)
-    r3 = build(FedCB, text_cache, classifier="random_frozen", random_seed=6)
     assert torch.equal(d.head.mu, dist.mu) and torch.equal(d.head.sigma_diag, dist.sigma_diag)
     assert torch.equal(e.head.mu, dist.mu) and not e.head.sigma_diag.any()
-    assert r1.head.mu.shape == (10, 384) and torch.allclose(r1.head.mu.norm(dim=1), torch.ones(10), atol=1e-6)
-    assert torch.equal(r1.head.mu, r2.head.mu) and not torch.equal(r1.head.mu, r3.head.mu)
-    assert not r1.head.sigma_diag.any() and r1.distribution is None
     x = torch.randn(4, 1, 8, 8)
     h = e.embed(x)
     assert torch.allclose(e.eval_logits(x), 12.5 * h @ dist.mu.T, atol=1e-5)
     assert torch.allclose(d.eval_logits(x), lkcc_logits(d.embed(x), dist.mu, dist.sigma_diag, 12.5), atol=1e-5)
     assert not torch.allclose(d.eval_logits(x), 12.5 * d.embed(x) @ dist.mu.T)  # the variance term matters
-    for bad in ({"classifier": "linear"}, {"text_encoder": "gpt"}, {"tau": 0.0}):
+    # "Random (Freezing)" is no FedCB classifier (the cosine, tau-scaled random rows are gone): it is
+    # FedAvg with a frozen random linear head, fedavg-random-frozen (test below)
+    for bad in ({"classifier": "linear"}, {"classifier": "random_frozen"}, {"text_encoder": "gpt"}, {"tau": 0.0}):
         with pytest.raises(FedbenchError):
             build(FedCB, text_cache, **bad)
     with pytest.raises(FedbenchError, match="random_frozen"):
@@ -317,3 +313,52 @@ def test_table_rows_restricted_to_betas_must_cover_every_column():
     spec["rows"][0]["betas"] = [0.3]
     with pytest.raises(FedbenchError, match="not all in the table"):
         plan_runs(spec)
+
+
+# ---- Random (Freezing): FedAvg with a frozen random linear classifier (FedCB Sec. 1, FedBM Table VIII)
+def test_random_freezing_is_fedavg_with_a_frozen_random_linear_head(tiny_cfg, captured):
+    """FedCB Sec. 1: "the server randomly initializes the global classifier and broadcasts it to all
+    clients ... we freeze local classifiers, and only train and upload feature extractors"."""
+    run_in_process(tiny_cfg(**{"method.name": "fedavg-random-frozen", "method.backbone": "simple-cnn",
+                                "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}))
+    fed = captured["fed"]
+    module, initial = fed.module, captured["initial_state"]
+    head_keys = {"head.weight", "head.bias"}
+    # the head: PyTorch's nn.Linear(feature_dim, K) initialisation, U(-1/sqrt(d), 1/sqrt(d))
+    assert isinstance(module.head, torch.nn.Linear) and module.head.weight.shape == (10, module.feature_dim)
+    bound = module.feature_dim ** -0.5
+    assert float(initial["head.weight"].abs().max()) <= bound and float(initial["head.bias"].abs().max()) <= bound
+    assert float(initial["head.weight"].std()) > bound / 3  # uniform on [-bound, bound]: std bound/sqrt(3)
+    # frozen: not trained (no gradient), never aggregated or communicated, the same in every round
+    assert not any(p.requires_grad for p in module.head.parameters())
+    assert not head_keys & set(module.shared_keys()) and not head_keys & set(fed.global_state)
+    final = module.state_dict()
+    assert all(torch.equal(final[k], initial[k]) for k in head_keys)
+    assert not torch.equal(final["backbone.body.0.weight"], initial["backbone.body.0.weight"])  # the body trains
+    # logits are plain linear: W f(x) + b, no normalisation, projection or temperature; loss plain CE
+    x = torch.randn(5, 1, 8, 8)
+    y = torch.tensor([0, 3, 9, 1, 1])
+    module.eval()
+    with torch.no_grad():
+        f = module.features(x)
+        logits = f @ initial["head.weight"].T + initial["head.bias"]
+        assert torch.allclose(module.eval_logits(x), logits, atol=1e-6)
+        ctx = ClientContext(0, 0, 0, DeviceData(x, y, torch.zeros(1), torch.ones(1)), torch.arange(5), 10, {},
+                            torch.Generator().manual_seed(0))
+        loss = module.client_objective(ctx)((x, y))
+    assert float(loss) == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-6)
+
+
+def test_random_freezing_head_starts_as_fedavgs_head(tiny_cfg):
+    """The same seeded draw as FedAvg's (trainable) head: PyTorch's default nn.Linear initialisation."""
+    from bench.experiment import build_datamodule, build_module
+
+    heads = {}
+    for method in ("fedavg", "fedavg-random-frozen"):
+        cfg = tiny_cfg(**{"method.name": method, "method.backbone": "simple-cnn"})
+        dm = build_datamodule(cfg)
+        dm.setup()
+        heads[method] = build_module(cfg, dm).head
+    assert torch.equal(heads["fedavg"].weight, heads["fedavg-random-frozen"].weight)
+    assert torch.equal(heads["fedavg"].bias, heads["fedavg-random-frozen"].bias)
+    assert heads["fedavg"].weight.requires_grad and not heads["fedavg-random-frozen"].weight.requires_grad

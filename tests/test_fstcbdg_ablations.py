@@ -49,12 +49,15 @@ def batch_of(module, ctx):
 def test_each_loss_alone(clip_cfg, args):  # noqa: F811
     _, module, (train, _, _) = prepared(clip_cfg("fst-cbdg", {"sigma": 0.05, **args}))
     ctx = ClientContext(0, 0, 0, train, torch.arange(0, 200, 2), 10, {}, torch_generator(5), batch_size=32)
-    x, rows, z, z_labels = batch = batch_of(module, ctx)
+    x, rows = batch = batch_of(module, ctx)
     q = module.soft_labels(ctx)[rows].clone()
     logits = module(x)
     q_new = 0.9 * q + 0.1 * torch.softmax(logits, -1).detach()
-    ist, tsamp = self_training_loss(logits, q_new), text_sampling_loss(module.head, z, z_labels, "mean")
-    loss = module.client_objective(ctx)(batch)
+    before = ctx.generator.get_state()
+    loss = module.client_objective(ctx)(batch)  # updates q, then draws (Eqs. 5, 7) when L_tSamp is on
+    ctx.generator.set_state(before)
+    z, z_labels = module.synthetic_pool(ctx)  # the same draw, from the updated q
+    ist, tsamp = self_training_loss(logits, q_new), text_sampling_loss(module.head, z, z_labels)  # Eq. 6's sum
     assert len(z) > 0
     expected = tsamp if args.get("ist_weight") == 0.0 else ist
     assert math.isclose(float(loss), float(expected), rel_tol=1e-6)

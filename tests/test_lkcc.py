@@ -18,7 +18,6 @@ from lightning_modules.components.lkcc import (
     embedding_average_logits,
     lkcc_logits,
     lkcc_surrogate_loss,
-    random_frozen_classifier,
 )
 
 # Monte Carlo tolerance: with 20000 draws the estimate's spread over seeds is ~0.007 (measured
@@ -90,13 +89,6 @@ def test_monte_carlo_matches_surrogate_where_the_bound_is_tight():
     none = torch.zeros_like(sigma)
     exact = align_inf_monte_carlo(h, y, mu, none, 8.0, 100, torch.Generator().manual_seed(0)).item()
     assert exact == pytest.approx(F.cross_entropy(8.0 * h @ mu.T, y).item(), rel=1e-6)
-
-
-def test_random_frozen_classifier_is_fixed_and_unit_norm():
-    w = random_frozen_classifier(8, 32, seed=3)
-    assert torch.equal(w, random_frozen_classifier(8, 32, seed=3))
-    assert not torch.equal(w, random_frozen_classifier(8, 32, seed=4))
-    assert torch.allclose(w.norm(dim=1), torch.ones(8))
 
 
 def test_concept_distribution_matches_numpy():

@@ -5,9 +5,9 @@
   paper has no entropy, diversity or confidence term, so none is added
 - class-balanced counts (Eq. 7): n_k = (1 + gamma) m_max - m_k
 - synthetic features (Eq. 5): z_kj ~ N(T_k, sigma^2 I)
-- text sampling loss (Eq. 6): L_tSamp = -sum_k sum_j log f(z_kj)_k (a SUM over synthetic
-  instances in the paper; ``reduction="mean"`` is offered since Eq. 3 is a mean and the sum makes
-  the loss scale with the number of synthetic instances)
+- text sampling loss (Eq. 6): L_tSamp = -sum_k sum_j log f(z_kj)_k, a SUM over the synthetic
+  instances as the paper writes it (the default); ``reduction="mean"`` (divide by their number) is
+  kept as a named, non-paper option
 
 sigma is not given by the paper: :func:`estimate_sigma` derives one from the data.
 """

@@ -5,7 +5,6 @@ With h the L2-normalised feature and the class distributions N(mu_k, diag Sigma_
 - ``lkcc_surrogate_loss``  CE(F(h), y) + 0.5 tau^2 sum_i h_i^2 Sigma_y,ii           (Eq. 4, upper bound)
 - ``align_inf_monte_carlo`` Monte Carlo estimate of L_align^inf (Eq. 3) that Eq. 4 bounds
 - ``embedding_average_logits`` tau h.mu_k (Eq. 1 with averaged embeddings, the ablation)
-- ``random_frozen_classifier`` fixed random unit rows (the "Random" frozen-classifier ablation)
 """
 from __future__ import annotations
 
@@ -36,12 +35,6 @@ def lkcc_surrogate_loss(h: torch.Tensor, y: torch.Tensor, mu: torch.Tensor, sigm
 def embedding_average_logits(h: torch.Tensor, mu: torch.Tensor, tau: float) -> torch.Tensor:
     """Eq. 1's classifier with averaged embeddings: tau * h.mu_k (no variance term)."""
     return tau * h @ mu.T
-
-
-def random_frozen_classifier(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
-    """[K, D] rows drawn N(0, I) from a fixed seed and L2-normalised; use as tau * h @ W.T."""
-    g = torch.Generator().manual_seed(seed)
-    return F.normalize(torch.randn(num_classes, dim, generator=g), dim=1)
 
 
 def align_inf_monte_carlo(h: torch.Tensor, y: torch.Tensor, mu: torch.Tensor, sigma_diag: torch.Tensor,
