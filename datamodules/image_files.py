@@ -114,8 +114,8 @@ class ScanLog:
             parts.append(f"skipped {self.hidden} hidden file(s) or folder(s) (.*, __MACOSX)")
         if self.ignored:
             shown = ", ".join(self.ignored[:5]) + (f" and {len(self.ignored) - 5} more" if len(self.ignored) > 5 else "")
-            parts.append(f"ignored {len(self.ignored)} entr{'y' if len(self.ignored) == 1 else 'ies'} outside the "
-                         f"class folders: {shown}")
+            parts.append(f"left out {len(self.ignored)} entr{'y' if len(self.ignored) == 1 else 'ies'} that are no "
+                         f"class folder or image: {shown}")
         return f"Dataset {dataset!r} at '{root}': read {read} images; " + "; ".join(parts) + "." if parts else None
 
 
@@ -124,20 +124,27 @@ def list_image_files(folder: Path, recursive: bool = False, log: ScanLog | None 
     it, or with ``recursive`` in its sub-folders too (as torchvision's ImageFolder reads a class). ``log``
     counts what is skipped (not an image, hidden) and the images found in sub-folders."""
     log = log if log is not None else ScanLog()
-    out = _image_files(folder, recursive, log, 0)
+    out = _image_files(folder, recursive, log, 0, {os.path.realpath(folder)})
     return sorted(out, key=lambda p: p.relative_to(folder).as_posix())
 
 
-def _image_files(folder: Path, recursive: bool, log: ScanLog, depth: int) -> list[Path]:
+def _image_files(folder: Path, recursive: bool, log: ScanLog, depth: int, seen: set[str]) -> list[Path]:
+    """``seen``: the real paths of the folders walked, so a symlink loop is walked once."""
     out = []
     for entry in sorted(folder.iterdir()):
         if not _visible(entry):
             log.hidden += 1
         elif entry.is_dir():
-            if recursive:
-                out += _image_files(entry, True, log, depth + 1)
-            else:
+            real = os.path.realpath(entry)
+            if not recursive:
                 log.ignored.append(f"{entry}/")
+            elif real in seen:
+                log.ignored.append(f"{entry}/ (a link to a folder already read)")
+            else:
+                seen.add(real)
+                out += _image_files(entry, True, log, depth + 1, seen)
+        elif not entry.is_file():  # a dangling link, a socket: never read (nor before sub-folders were)
+            log.ignored.append(f"{entry} (not a readable file)")
         elif entry.suffix.lower() in IMAGE_EXTENSIONS:
             out.append(entry)
             log.nested += depth > 0

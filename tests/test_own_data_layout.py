@@ -63,7 +63,7 @@ def test_every_skipped_file_is_in_one_summary_line(tmp_path):
     assert len(dm.train) + len(dm.val) == 8
     assert said == [(f"Dataset 'class-folder' at '{root}': read 12 images; skipped 3 file(s) that are not images "
                     "(1 .db, 1 .dcm, 1 .txt; read: .bmp, .jpeg, .jpg, .png, .tif, .tiff); skipped 1 hidden file(s) "
-                    f"or folder(s) (.*, __MACOSX); ignored 2 entries outside the class folders: {root / 'README.md'}, "
+                    f"or folder(s) (.*, __MACOSX); left out 2 entries that are no class folder or image: {root / 'README.md'}, "
                     f"{root / 'train' / 'labels.csv'}.")]
 
 
@@ -83,3 +83,15 @@ def test_a_class_only_in_test_or_val_is_one_error(tmp_path, capsys, split):
                  "--fed.rounds", "1", "--partition.num_clients", "2", "--accelerator", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("fedbench: error") == 1 and "class folder(s) ['c'] in" in err and "Traceback" not in err
+
+
+def test_a_link_loop_or_a_dangling_link_in_a_class_folder_is_named_not_followed_forever(tmp_path):
+    root = tmp_path / "own"
+    build(root, nested=False)
+    (root / "train" / "a" / "again").symlink_to(root / "train" / "a")  # a loop
+    (root / "train" / "b" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")  # dangling
+    dm, said = setup(root, tmp_path)
+    assert len(dm.train) + len(dm.val) == 8
+    assert said == [(f"Dataset 'class-folder' at '{root}': read 12 images; left out 2 entries that are no class "
+                     f"folder or image: {root / 'train' / 'a' / 'again'}/ (a link to a folder already read), "
+                     f"{root / 'train' / 'b' / 'gone.jpg'} (not a readable file).")]
