@@ -17,9 +17,11 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
 from bench.core.errors import FedbenchError, PartitionError
+from bench.core.paths import plain_name
 from datamodules.base import DATASETS, splittable_datasets
 from datamodules.partition import check_per_class_shards
 from datamodules.partitions import PARTITION_SCHEMES
+from datamodules.tensors import human_bytes, machine_memory
 from lightning_modules.base import METHODS, FederatedModule
 from lightning_modules.components.prompts import load_prompt_file, match_concepts
 
@@ -287,8 +289,14 @@ def check_ranges(cfg: RunConfig) -> None:
     require(cfg.threads is None or cfg.threads >= 1, "threads", ">= 1 (or null for Lightning's choice)", cfg.threads)
     require(cfg.checkpoint_every >= 0, "checkpoint_every", ">= 0 (0 = never)", cfg.checkpoint_every)
     require(finite(cfg.timeout) and cfg.timeout > 0, "timeout", "a number of minutes > 0", cfg.timeout)
-    require(bool(cfg.experiment) and "/" not in cfg.experiment and cfg.experiment not in (".", ".."), "experiment",
-            "a non-empty name without '/'", cfg.experiment)
+    check_output_names(cfg)
+
+
+def check_output_names(cfg: RunConfig) -> None:
+    """The experiment and the run's record name are folder and file names under output_dir (and the
+    checkpoint folder): plain names only (bench/core/paths.py)."""
+    plain_name(cfg.experiment, "experiment", "the output folder")
+    plain_name(cfg.record_name(), "the run name (method, data and partition names)", f"{cfg.experiment}/")
 
 
 def known_class_count(cfg: RunConfig) -> int | None:
@@ -338,6 +346,7 @@ def check_accelerator(cfg: RunConfig) -> None:
         raise FedbenchError(f"--devices {cfg.devices} but this machine has {CUDAAccelerator.auto_device_count()} "
                             "CUDA GPU(s).")
     on_cpu = acc == "cpu" or (acc == "auto" and not (cuda or mps))
+    check_cpu_ranks(cfg, on_cpu)
     if cfg.compile and on_cpu and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         raise FedbenchError("--compile true on CPU needs a C++ compiler (torch.compile builds its kernels with "
                             "g++ or clang++), and none is on PATH; install one (apt-get install g++) or drop --compile.")
@@ -434,10 +443,50 @@ def check_loggers(cfg: RunConfig) -> None:
                                 "under <output_dir>/<experiment>/csv/ and, with --wandb, to W&B.")
 
 
+def check_data_paths(cfg: RunConfig) -> None:
+    """data.root and data.test_root name folders: an existing file there is one error (not a traceback)."""
+    for option, value in (("data.root", cfg.data.root), ("data.test_root", cfg.data.test_root)):
+        path = Path(value).expanduser() if value else None
+        if path is not None and path.exists() and not path.is_dir():
+            raise FedbenchError(f"{option} '{path}' is a file, not a folder: pass the folder that holds the dataset "
+                                "(where its archive unpacks), e.g. the file's parent folder.")
+
+
+def check_image_size(cfg: RunConfig) -> None:
+    """data.image_size is bounded by memory: one training batch of float32 images must fit in this machine's
+    memory (the whole decoded dataset is checked when it is decoded: datamodules/tensors.py)."""
+    size = cfg.data.image_size
+    channels = getattr(DATASETS.get(cfg.data.name), "in_channels", 3)
+    channels = channels if isinstance(channels, int) else 3
+    need, have = cfg.fed.batch_size * channels * size * size * 4 if size else 0, machine_memory()
+    if have is not None and need > have:
+        raise FedbenchError(f"data.image_size {size}: one training batch of {cfg.fed.batch_size} images at "
+                            f"{size}x{size} takes {human_bytes(need)} as float32, more than this machine's "
+                            f"{human_bytes(have)} of memory. Use a smaller data.image_size (unset: the dataset's "
+                            "default size; 224 for ImageNet backbones).")
+
+
+def check_cpu_ranks(cfg: RunConfig, on_cpu: bool) -> None:
+    """--devices N on CPU starts N processes on this machine (unless torchrun or SLURM starts them): more than
+    its cores only time-slices them, so it is refused, as --jobs refuses more jobs than GPUs."""
+    import os
+
+    import torch.distributed as dist
+
+    if not on_cpu or cfg.devices == "auto" or cfg.num_nodes > 1 or dist.is_available() and dist.is_torchelastic_launched():
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cfg.devices > cores:
+        raise FedbenchError(f"--devices {cfg.devices} would start {cfg.devices} CPU ranks (processes), but this machine "
+                            f"has {cores} core(s) for them: use --devices {cores} or fewer (--devices auto: one "
+                            "rank per core; the numbers are the same for any --devices, README 'Speed').")
+
+
 def validate_config(cfg: RunConfig) -> None:
     """All checks that need neither decoded data nor a launched Fabric (safe to run for every row of a
     table); a prompts file is matched with the dataset's class names (folder names, for class-folder)."""
     check_field_types(cfg)
+    check_data_paths(cfg)
     METHODS.get(cfg.method.name)
     DATASETS.get(cfg.data.name)
     if cfg.data.test_dataset is not None:
@@ -450,6 +499,7 @@ def validate_config(cfg: RunConfig) -> None:
     check_gray_stem(cfg)
     check_backbone(cfg)
     check_ranges(cfg)
+    check_image_size(cfg)
     check_partition(cfg)
     check_precision(cfg)
     check_accelerator(cfg)

@@ -6,7 +6,6 @@ archive's meta file when it is present.
 """
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,8 +14,10 @@ import torch
 
 from bench.core.errors import CorruptDataError
 from datamodules.base import DATASETS, FederatedDataModule
+from datamodules.safe_pickle import NUMPY_ARRAY, PY3_BYTES, restricted_load
 from datamodules.tensors import TensorSplit, resize_uint8
 
+CIFAR_HINT = "Re-download the archive (https://www.cs.toronto.edu/~kriz/cifar.html) and unpack it again."
 CIFAR100_FINE = [
     "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle",
     "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can", "castle", "caterpillar", "cattle",
@@ -33,13 +34,18 @@ CIFAR100_FINE = [
 
 
 def read_cifar_pickle(path: Path) -> dict[str, object]:
-    """One CIFAR pickle as a dict with str keys (the files are pickled with bytes keys)."""
+    """One CIFAR pickle as a dict with str keys (the files are pickled with bytes keys), read through the
+    restricted unpickler (datamodules/safe_pickle.py: plain containers and NumPy arrays only)."""
     try:
         with open(path, "rb") as fh:
-            raw = pickle.load(fh, encoding="bytes")
-        return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
-        raise CorruptDataError(f"Cannot read CIFAR file '{path}': {err}. Re-download the archive.") from err
+            raw = restricted_load(fh, str(path), NUMPY_ARRAY | PY3_BYTES, "a CIFAR file", CorruptDataError,
+                                  CIFAR_HINT, encoding="bytes")
+    except OSError as err:
+        raise CorruptDataError(f"Cannot read CIFAR file '{path}': {err}. {CIFAR_HINT}") from err
+    if not isinstance(raw, dict):
+        raise CorruptDataError(f"CIFAR file '{path}' holds a {type(raw).__name__}, not the dict of the official "
+                               f"archive. {CIFAR_HINT}")
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
 
 
 def cifar_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:

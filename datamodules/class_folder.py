@@ -13,16 +13,19 @@ the generic ``class-folder`` dataset takes its classes from the folder names, so
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from bench.core.errors import DatasetNotFoundError
+from bench.core.errors import DatasetNotFoundError, FedbenchWarning
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.image_files import (
     FolderSpec,
+    ScanLog,
+    _visible,
     decode_image_files,
     find_dir_with,
     list_subfolders,
@@ -53,6 +56,7 @@ class ClassFolderDataset(FederatedDataModule):
     split_dirs: ClassVar[dict[str, tuple[str, ...]]] = SPLIT_DIRS
     search_depth: ClassVar[int] = 2
     allow_flat: ClassVar[bool] = False
+    recursive: ClassVar[bool] = False  # read a class folder's sub-folders too (the generic dataset does)
 
     def folder_specs(self) -> Sequence[FolderSpec]:
         """The class folders in label order (the generic dataset discovers them)."""
@@ -73,30 +77,53 @@ class ClassFolderDataset(FederatedDataModule):
         root = self.require_root()
         base = self.split_root(root)
         specs = self.folder_specs()
+        log = ScanLog()
         if base is None:
             if not self.allow_flat:
                 raise self._missing_splits_error(root)
-            paths, labels = scan_class_folders(root, specs, dataset=self.name, hint=self.download_hint)
+            self.check_strays(root, specs, "", log)
+            paths, labels = scan_class_folders(root, specs, dataset=self.name, hint=self.download_hint,
+                                               recursive=self.recursive, log=log)
             images = decode_image_files(
                 paths, self.image_size, self.in_channels, desc=f"decoding {self.name}"
             )
             labels_t = torch.from_numpy(labels)
             parts = stratified_split(labels, list(FLAT_SPLIT), FLAT_SPLIT_SEED)
-            return {
+            out = {
                 name: TensorSplit(images[torch.from_numpy(idx)], labels_t[torch.from_numpy(idx)])
                 for name, idx in zip(("train", "val", "test"), parts, strict=True)
             }
+        else:
+            out = self.decode_splits(base, specs, log)
+        line = log.summary(self.name, root, sum(len(split) for split in out.values()))
+        if line:
+            warnings.warn(line, FedbenchWarning, stacklevel=2)
+        return out
+
+    def decode_splits(self, base: Path, specs: Sequence[FolderSpec], log: ScanLog) -> dict[str, TensorSplit]:
+        """The split layout: every split folder present, its class folders read in label order."""
         out: dict[str, TensorSplit] = {}
+        split_names = {n for names in self.split_dirs.values() for n in names}
+        log.ignored += [f"{e}{'/' if e.is_dir() else ''}" for e in sorted(base.iterdir())
+                        if e.name not in split_names and _visible(e)]
         for split, names in self.split_dirs.items():
             folder = resolve_folder(base, names)
             if folder is None:  # only val may be absent: train and test located the base
                 continue
-            paths, labels = scan_class_folders(folder, specs, dataset=self.name, hint=self.download_hint)
+            self.check_strays(folder, specs, split, log)
+            paths, labels = scan_class_folders(folder, specs, dataset=self.name, hint=self.download_hint,
+                                               recursive=self.recursive, log=log)
             images = decode_image_files(
                 paths, self.image_size, self.in_channels, desc=f"decoding {self.name} {split}"
             )
             out[split] = TensorSplit(images, torch.from_numpy(labels))
         return out
+
+    def check_strays(self, folder: Path, specs: Sequence[FolderSpec], split: str, log: ScanLog) -> None:
+        """Entries of a split folder (or of the root, flat) that are no class folder: logged as ignored."""
+        known = {n for spec in specs for n in ((spec,) if isinstance(spec, str) else spec)}
+        log.ignored += [f"{e}{'/' if e.is_dir() else ''}" for e in sorted(folder.iterdir())
+                        if e.name not in known and _visible(e)]
 
 
 @DATASETS.register("class-folder")
@@ -111,6 +138,8 @@ class ClassFolder(ClassFolderDataset):
 
     search_depth = 0
     allow_flat = True
+    recursive = True  # images in sub-folders of a class folder belong to it (torchvision's ImageFolder)
+    decode_version = 2  # 2: sub-folders of a class folder read (1 dropped them): caches of 1 are re-decoded
     in_channels = 3
     default_image_size = 224
     mean = (0.485, 0.456, 0.406)  # ImageNet statistics (pretrained backbones)
@@ -138,6 +167,18 @@ class ClassFolder(ClassFolderDataset):
 
     def folder_specs(self) -> Sequence[FolderSpec]:
         return self.class_names
+
+    def check_strays(self, folder: Path, specs: Sequence[FolderSpec], split: str, log: ScanLog) -> None:
+        """The classes are train/'s folders: a class folder only in test/ or val/ is an error (never learnt,
+        it could only be predicted wrong); stray files are logged as for any dataset."""
+        extra = [e.name for e in sorted(folder.iterdir()) if e.is_dir() and _visible(e) and e.name not in specs]
+        if split in ("test", "val") and extra:
+            train = resolve_folder(folder.parent, self.split_dirs["train"])
+            raise DatasetNotFoundError(
+                f"Dataset {self.name!r}: class folder(s) {extra} in '{folder}' have no folder in '{train}' (the "
+                f"classes are train/'s folders: {list(specs)}); a class absent from training can never be predicted. "
+                f"Add its training images under '{train}', or move it out of '{folder}'.")
+        super().check_strays(folder, specs, split, log)
 
     def cache_key(self) -> str:
         """The folder names are part of the key: adding or renaming a class re-decodes."""

@@ -11,45 +11,23 @@ i.e. for every client its training and test slices (RSNA slice ids) and their la
 array can only be stored by pickling, and unpickling can run arbitrary code, so ``np.load(...,
 allow_pickle=True)`` is never used: the pickle is read by an unpickler that resolves only the NumPy
 names an object array needs (``_reconstruct``, ``ndarray``, ``dtype``, ``scalar``); any other global
-(``os.system``, ``builtins.eval``, ...) is refused before it is called, with one clear error. The
+(``os.system``, ``builtins.eval``, ...) is refused before it is called, with one clear error (datamodules/safe_pickle.py). The
 contents are then checked (keys, one id per label, integer labels, the same clients in both folds, no
 id twice) and returned as plain arrays.
 """
 from __future__ import annotations
 
 import io
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bench.core.errors import DatasetNotFoundError
+from datamodules.safe_pickle import NUMPY_ARRAY, restricted_load
 
 FOLDS = ("train", "test")
-# what the pickle of a NumPy object array references (numpy 1.x spells numpy._core as numpy.core)
-_NUMPY_GLOBALS = {(f"numpy.{core}.multiarray", name) for core in ("core", "_core") for name in ("_reconstruct", "scalar")}
-_NUMPY_GLOBALS |= {("numpy", "ndarray"), ("numpy", "dtype")}
-_NUMPY_GLOBALS |= {(f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")}
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Resolves the NumPy names of an object array and nothing else."""
-
-    def __init__(self, fh, where: str) -> None:
-        super().__init__(fh)
-        self.where = where
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in _NUMPY_GLOBALS:
-            try:  # numpy >= 2 moved numpy.core to numpy._core (the old name warns)
-                return super().find_class(module.replace("numpy.core.", "numpy._core."), name)
-            except (ImportError, AttributeError):
-                return super().find_class(module, name)
-        raise DatasetNotFoundError(
-            f"'{self.where}' references {module}.{name}, which a client split file has no use for; it is not "
-            "loaded (unpickling it could run code). Use the split file as published (FedNPR's "
-            "ich_datasplit_10cl.npy).")
+SPLIT_FILE_HINT = "Use the split file as published (FedNPR's ich_datasplit_10cl.npy)."
 
 
 @dataclass(frozen=True)
@@ -77,12 +55,8 @@ def read_npy_object(path: Path) -> object:
         raise DatasetNotFoundError(f"'{path}' is not a NumPy .npy file ({err}).") from err
     if not dtype.hasobject:
         return np.load(io.BytesIO(raw), allow_pickle=False)
-    try:
-        array = _NumpyOnlyUnpickler(fh, str(path)).load()
-    except DatasetNotFoundError:
-        raise
-    except Exception as err:  # a truncated or corrupt pickle, whatever the exception
-        raise DatasetNotFoundError(f"'{path}' is corrupt: its pickled contents do not load ({err}).") from err
+    array = restricted_load(fh, str(path), NUMPY_ARRAY, "a client split file", DatasetNotFoundError,
+                            SPLIT_FILE_HINT)
     if not isinstance(array, np.ndarray) or array.shape != tuple(shape):
         raise DatasetNotFoundError(f"'{path}': the pickled contents are not the array its header describes.")
     return array.item() if array.shape == () else array

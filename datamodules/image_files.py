@@ -8,8 +8,10 @@ preallocated uint8 [N, C, size, size] tensor.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from bench.core.errors import CorruptDataError, DatasetNotFoundError
+from datamodules.tensors import check_decoded_size
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff"})
 PROGRESS_MIN_FILES = 500  # show a progress bar from this many files on
@@ -69,6 +72,7 @@ def decode_image_files(
     """
     if in_channels not in (1, 3):
         raise ValueError(f"in_channels must be 1 or 3, got {in_channels}")
+    check_decoded_size(len(paths), in_channels, size)
     out = torch.empty((len(paths), in_channels, size, size), dtype=torch.uint8)
     if not paths:
         return out
@@ -87,11 +91,66 @@ def _visible(entry: Path) -> bool:
     return not entry.name.startswith(".") and entry.name not in _SKIP_DIRS
 
 
-def list_image_files(folder: Path) -> list[Path]:
-    """Image files directly in ``folder`` (by extension, case-insensitive), sorted by name."""
-    return sorted(
-        p for p in folder.iterdir() if p.is_file() and _visible(p) and p.suffix.lower() in IMAGE_EXTENSIONS
-    )
+@dataclass
+class ScanLog:
+    """What a scan of class folders read beyond the plain layout and what it left out, for one summary line."""
+
+    nested: int = 0  # images read from sub-folders of a class folder
+    not_images: Counter = field(default_factory=Counter)  # skipped files by extension ("" for none)
+    hidden: int = 0  # skipped dot-files and __MACOSX entries
+    ignored: list[str] = field(default_factory=list)  # folders / files outside the class folders, left out
+
+    def summary(self, dataset: str, root: Path, read: int) -> str | None:
+        """One line naming everything skipped (None when nothing was skipped or read from sub-folders)."""
+        parts = []
+        if self.nested:
+            parts.append(f"{self.nested} of them from sub-folders of a class folder")
+        skipped = sum(self.not_images.values())
+        if skipped:
+            kinds = ", ".join(f"{n} {ext or '(no extension)'}" for ext, n in sorted(self.not_images.items()))
+            parts.append(f"skipped {skipped} file(s) that are not images ({kinds}; read: "
+                         f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
+        if self.hidden:
+            parts.append(f"skipped {self.hidden} hidden file(s) or folder(s) (.*, __MACOSX)")
+        if self.ignored:
+            shown = ", ".join(self.ignored[:5]) + (f" and {len(self.ignored) - 5} more" if len(self.ignored) > 5 else "")
+            parts.append(f"left out {len(self.ignored)} entr{'y' if len(self.ignored) == 1 else 'ies'} that are no "
+                         f"class folder or image: {shown}")
+        return f"Dataset {dataset!r} at '{root}': read {read} images; " + "; ".join(parts) + "." if parts else None
+
+
+def list_image_files(folder: Path, recursive: bool = False, log: ScanLog | None = None) -> list[Path]:
+    """Image files in ``folder`` (by extension, case-insensitive), sorted by path relative to it: directly in
+    it, or with ``recursive`` in its sub-folders too (as torchvision's ImageFolder reads a class). ``log``
+    counts what is skipped (not an image, hidden) and the images found in sub-folders."""
+    log = log if log is not None else ScanLog()
+    out = _image_files(folder, recursive, log, 0, {os.path.realpath(folder)})
+    return sorted(out, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _image_files(folder: Path, recursive: bool, log: ScanLog, depth: int, seen: set[str]) -> list[Path]:
+    """``seen``: the real paths of the folders walked, so a symlink loop is walked once."""
+    out = []
+    for entry in sorted(folder.iterdir()):
+        if not _visible(entry):
+            log.hidden += 1
+        elif entry.is_dir():
+            real = os.path.realpath(entry)
+            if not recursive:
+                log.ignored.append(f"{entry}/")
+            elif real in seen:
+                log.ignored.append(f"{entry}/ (a link to a folder already read)")
+            else:
+                seen.add(real)
+                out += _image_files(entry, True, log, depth + 1, seen)
+        elif not entry.is_file():  # a dangling link, a socket: never read (nor before sub-folders were)
+            log.ignored.append(f"{entry} (not a readable file)")
+        elif entry.suffix.lower() in IMAGE_EXTENSIONS:
+            out.append(entry)
+            log.nested += depth > 0
+        else:
+            log.not_images[entry.suffix.lower()] += 1
+    return out
 
 
 def list_subfolders(folder: Path) -> list[str]:
@@ -127,9 +186,11 @@ def find_dir_with(root: Path, children: Sequence[FolderSpec], max_depth: int = 2
 
 
 def scan_class_folders(
-    base: Path, class_dirs: Sequence[FolderSpec], *, dataset: str, hint: str = ""
+    base: Path, class_dirs: Sequence[FolderSpec], *, dataset: str, hint: str = "", recursive: bool = False,
+    log: ScanLog | None = None,
 ) -> tuple[list[Path], np.ndarray]:
-    """Image paths under ``base/<class folder>/`` and their labels (label = position in ``class_dirs``).
+    """Image paths under ``base/<class folder>/`` (with ``recursive``, in its sub-folders too) and their
+    labels (label = position in ``class_dirs``); ``log`` collects what was skipped (list_image_files).
 
     A missing or empty class folder raises :class:`DatasetNotFoundError` naming the folder,
     the dataset and ``hint`` (what to download and where to put it).
@@ -145,7 +206,7 @@ def scan_class_folders(
                 f"Dataset {dataset!r}: class folder {names} is missing under '{base}' "
                 f"(expected one folder per class: {expected}). {hint}".rstrip()
             )
-        files = list_image_files(folder)
+        files = list_image_files(folder, recursive, log)
         if not files:
             raise DatasetNotFoundError(
                 f"Dataset {dataset!r}: class folder '{folder}' holds no image files "

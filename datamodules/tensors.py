@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.atomic_io import atomic_torch_save
-from bench.core.errors import FedbenchWarning, first_line
+from bench.core.errors import FedbenchError, FedbenchWarning, first_line
 
 
 @dataclass
@@ -70,10 +70,38 @@ def split_origin(key: str, fingerprint: str, name: str) -> str | None:
     return hashlib.sha256(f"{key}\n{fingerprint}\n{name}".encode()).hexdigest()
 
 
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def check_decoded_size(n: int, channels: int, size: int) -> None:
+    """Refuse, before allocating, to decode ``n`` images of ``channels`` x size x size uint8 when they
+    would not fit in this machine's memory (``data.image_size`` far too large): one clear error."""
+    need, have = n * channels * size * size, machine_memory()
+    if have is not None and need > have:
+        raise FedbenchError(
+            f"data.image_size {size}: the {n} decoded images would take {human_bytes(need)} ({n} x {channels} x "
+            f"{size} x {size} bytes), more than this machine's {human_bytes(have)} of memory. Use a smaller "
+            "data.image_size (unset: the dataset's default size).")
+
+
 def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
     """Resize a uint8 [N, C, H, W] batch to size x size once, at decode time (antialiased bilinear)."""
     if images.shape[-1] == size and images.shape[-2] == size:
         return images.contiguous()
+    check_decoded_size(images.shape[0], images.shape[1], size)
     out = []
     for chunk in images.split(1024):
         x = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)

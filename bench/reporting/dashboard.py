@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import FedbenchError
+from bench.core.paths import plain_name
 from bench.reporting.flags import FlagParser
 
 TRAINING = ["train/loss", "lr", "clients_trained"]
@@ -189,7 +190,7 @@ def write_specs(view: TableView, entity: str, out: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for kind, spec in specs(view, entity).items():
-        path = folder / f"{view.name}_{kind}.json"
+        path = folder / f"{plain_name(view.name, 'the table name', out)}_{kind}.json"
         path.write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
         paths.append(path)
     return paths

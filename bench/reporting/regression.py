@@ -23,6 +23,7 @@ from bench.code_version import code_version
 from bench.config import RunConfig, execution_keys, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
+from bench.core.paths import plain_name
 from bench.records import git_commit
 from bench.reporting.flags import FlagParser
 from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config, with_defaults
@@ -44,6 +45,7 @@ def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
     if None in names or len(set(names)) != len(names):
         raise FedbenchError(f"{path}: every run needs a unique 'name'; got {names}.")
     for entry in spec["runs"]:
+        plain_name(entry["name"], f"{path}: a run's name", "the references folder")  # <name>.json, regression_<name>
         check_overrides(entry, f"{path}: run {entry['name']!r}", ENTRY_KEYS)
         if set(entry.get("tolerance", {})) - set(spec["tolerance"]):
             raise FedbenchError(f"{path}: run {entry['name']!r} has a tolerance for metric(s) "
@@ -89,7 +91,7 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
 
 
 def reference_path(name: str, reference_dir: str = DEFAULT_REFERENCES) -> Path:
-    return Path(reference_dir) / f"{name}.json"
+    return Path(reference_dir) / f"{plain_name(name, 'a regression entry name', reference_dir)}.json"
 
 
 def load_reference(name: str, reference_dir: str = DEFAULT_REFERENCES) -> dict[str, Any]:

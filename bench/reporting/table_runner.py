@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.core.paths import plain_name
 from bench.records import (
     RecordError,
     bare_record_path,
@@ -87,6 +88,13 @@ def load_table_config(path: str) -> dict[str, Any]:
     tables = Path("configs/tables")
     avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
     spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
+    for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
+        plain_name(spec.get(key), f"{path}: {key}", "the tables and records folders")
+    seeds = spec.get("seeds")
+    if (not isinstance(seeds, list) or not seeds or len(set(map(str, seeds))) != len(seeds)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise FedbenchError(f"{path}: seeds must list at least one seed, whole numbers >= 0 without repeats "
+                            f"(e.g. seeds: [0, 1, 2]), got {seeds!r}.")
     for row in spec.get("rows", []):
         check_overrides(row, f"{path}: row {row.get('label')!r}", ROW_OWN_KEYS | set(OPTION_GROUPS))
     for entry in spec.get("uncovered") or []:
@@ -298,6 +306,9 @@ def build_parser() -> FlagParser:
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
     parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
+    parser.add_argument("--replace-table", action="store_true",
+                        help="overwrite the rendered table even when it would lose values (records missing here); "
+                             "by default a table is never replaced by a less complete one")
     parser.add_argument("--devices", type=int, default=None,
                         help="Fabric ranks (default: the config's, else auto: one 1-thread rank per core)")
     parser.add_argument("--jobs", type=int, default=1,
@@ -332,6 +343,7 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.shard = parse_shard(args.shard)
+    check_flag_combinations(args)
 
     from bench.reporting.tables import render_table
 
@@ -344,7 +356,7 @@ def main(argv: list[str]) -> int:
     runs = plan_runs(spec, args.output_dir, check_records=False)
     overrides.apply(runs)
     if args.render_only:
-        check_shared_records(runs)
+        check_render_plan(runs)
     else:
         check_plan(runs, spec, args, overrides)
         if execute(runs, spec, args, overrides.record()) != 0:
@@ -358,7 +370,8 @@ def main(argv: list[str]) -> int:
                       "with --render-only).")
                 return 0
     paths = render_table(fold_legend(spec), runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
-                         changes=overrides.describe(full_spec), reduced=not overrides.full_budget)
+                         changes=overrides.describe(full_spec), reduced=not overrides.full_budget,
+                         replace=args.replace_table)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
@@ -383,6 +396,32 @@ def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args
     figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
     table = json.loads(Path(paths["json"]).read_text())
     print(f"W&B table run: {log_table(table, paths['csv'], figures, project, args.wandb_dir)}")
+
+
+# flags that run something, so --render-only (which runs nothing) contradicts them: flag -> its value when not given
+RUN_ONLY_FLAGS = {"--force": False, "--jobs": 1, "--shard": None, "--devices": None, "--tensorboard": False}
+
+
+def check_flag_combinations(args) -> None:
+    """One error for flags that contradict --render-only (it runs nothing, so nothing to force, spread
+    over jobs or shards, place on devices or log to TensorBoard)."""
+    if not args.render_only:
+        return
+    given = [flag for flag, unset in RUN_ONLY_FLAGS.items() if getattr(args, flag[2:]) != unset]
+    if given:
+        raise FedbenchError(f"--render-only runs nothing, so {' and '.join(given)} contradict{'s' if len(given) == 1 else ''} "
+                            "it: render with --render-only alone (plus --output-dir, --tables-dir, --wandb, --set, "
+                            "--seeds, --rows, --folds), or drop --render-only to run the table.")
+
+
+def check_render_plan(runs: list[PlannedRun]) -> None:
+    """--render-only: every run's experiment and record names are plain names (bench/core/paths.py; a run
+    checks them in validate_config) and rows sharing a record are the same run."""
+    from bench.validation import check_output_names
+
+    for r in runs:
+        check_output_names(r.cfg)
+    check_shared_records(runs)
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ One column group per paper that has a cell in the table, so every number names i
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
+from bench.core.paths import plain_name
 from bench.records import find_record, load_record
 from bench.reporting.cell_marks import (
     ON_GLOBAL_TEST,
@@ -432,17 +434,50 @@ def markdown(spec: dict, runs: list, a: Assembled, grid: Grid, title: str, chang
     return md
 
 
+class LessCompleteTable(FedbenchError):
+    """Rendering would replace a table with one whose cells have fewer values (records missing here)."""
+
+
+def cells_lost(json_path: Path, cells: dict) -> tuple[int, int]:
+    """(cells of the table already at ``json_path`` that have values, how many of them ``cells`` would
+    hold fewer values in); (0, 0) when there is no readable table there."""
+    try:
+        old = json.loads(json_path.read_text())["cells"]
+        had = {(c["method"], c["column"], c["metric"]): len(c.get("values") or []) for c in old}
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0
+    filled = {k: n for k, n in had.items() if n}
+    return len(filled), sum(len(cells[k]["values"]) < n for k, n in filled.items() if k in cells)
+
+
+def keep_complete(json_path: Path, cells: dict) -> None:
+    """Refuse (LessCompleteTable) to replace the table at ``json_path`` with ``cells`` when any cell they
+    share would lose values: nothing is written then."""
+    had, lost = cells_lost(json_path, cells)
+    if lost:
+        md = json_path.with_suffix(".md")
+        raise LessCompleteTable(
+            f"Not written: {md} (and its .csv, .json, figures) has {had} cells with values, and {lost} of them would "
+            f"have fewer values (or say 'missing') when rendered from the run records found now (their records "
+            f"are not in the output folder). Run the table without --render-only to produce them, or pass "
+            f"--replace-table to overwrite it with the less complete table.")
+
+
 def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
-                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False) -> dict[str, str]:
+                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False,
+                 replace: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
     ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
     <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
-    config; ``reduced``: not the config's budget, which the title then says."""
+    config; ``reduced``: not the config's budget, which the title then says. A table already there is never
+    replaced by a less complete one (keep_complete) unless ``replace``."""
+    name = plain_name(name or f"{spec['table']}_{spec['dataset']}", "the table's name", tables_dir)
     a = assemble(spec, runs, papers_root)
+    if not replace:
+        keep_complete(Path(tables_dir) / f"{name}.json", a.cells)
     grid = Grid(each=repeat_word(spec))
     grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
     grid_rows(grid, a.cells, a.labels, a.baseline)
-    name = name or f"{spec['table']}_{spec['dataset']}"
     title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
                                                                       if reduced else "")
     md = markdown(spec, runs, a, grid, title, changes)
