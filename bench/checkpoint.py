@@ -153,7 +153,8 @@ class Checkpointer:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             kept = (f"The previous checkpoint {self.previous} is intact: free space, then continue the run with "
-                    "--resume true." if self.previous else "No earlier checkpoint of this run exists.")
+                    "--resume true." if self.previous else "This run has no earlier checkpoint: free space (or "
+                    "point --checkpoint_dir elsewhere) and run it again.")
             raise CheckpointError(f"Checkpoint {final.name} was not written: {failure}. {kept}")
         if rank == 0:
             self.publish(tmp, final)

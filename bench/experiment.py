@@ -338,7 +338,10 @@ def log_round(fabric: Fabric, observer: RunObserver, entry: dict, per_client: di
     and to the observer. Host floats from the round's history entry: no device sync, no collective (the
     loggers write on rank 0 only)."""
     scalars = {**round_scalars(entry, per_client), "round": entry["round"]}
-    fabric.log_dict(scalars, step=entry["round"])
+    try:
+        fabric.log_dict(scalars, step=entry["round"])
+    except OSError as err:  # the CSV logger flushes every 100 steps: a full disk there must not end the run
+        optional_output_failed(f"the loggers' copy of round {entry['round']}", err)
     observer.log(scalars, step=entry["round"])
 
 

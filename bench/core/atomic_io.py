@@ -54,7 +54,7 @@ def make_readable(path: str | os.PathLike) -> None:
 
 def megabytes(n: float) -> str:
     mb = n / 2**20
-    return f"{mb:.1f}" if mb < 10 else f"{mb:.0f}"
+    return f"{mb:.3f}" if mb < 0.1 else f"{mb:.2f}" if mb < 1 else f"{mb:.1f}" if mb < 10 else f"{mb:.0f}"
 
 
 def free_bytes(folder: str | os.PathLike) -> int | None:
