@@ -169,7 +169,11 @@ def test_records_are_claimed_on_a_file_system_without_hard_links(tiny_cfg, monke
     cfg = tiny_cfg(experiment="nolinks", **{"fed.rounds": 1})
     other = tiny_cfg(experiment="nolinks", **{"fed.rounds": 1, "method.lr": 0.02})
     run_in_process(cfg)
+    state = find_record(cfg).with_suffix(".pt").read_bytes()
     run_in_process(other)
+    # the other config's final state goes beside its own record, never over the bare name's
+    assert find_record(cfg).with_suffix(".pt").read_bytes() == state
+    assert find_record(other).with_suffix(".pt").exists()
     assert find_record(cfg).name == f"{cfg.run_name()}.json"  # the bare name, claimed first
     assert find_record(other).name == f"{other.record_name()}.json"  # another config: its identity name
     assert json.loads(find_record(cfg).read_text())["config"]["method"]["lr"] == 0.05
