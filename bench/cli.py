@@ -36,6 +36,7 @@ from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
+from bench.ports import launcher_pid
 from bench.reporting.flags import bare_booleans, fail, respell, unrecognized_message
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning
     if launched_by_fabric():  # a rank Fabric started: it ends with rank 0's process, even on SIGKILL
-        die_with_parent(signal.SIGKILL)  # (SIGKILL: a rank blocked in a collective runs no Python handler)
+        # (SIGKILL: a rank blocked in a collective runs no Python handler). The launcher's pid, which it left
+        # in the environment: a launcher that died while this rank was starting is noticed at once.
+        die_with_parent(signal.SIGKILL, parent=launcher_pid())
     previous = terminate_on_sigterm()
     lifetime.end_startup()  # from here a Ctrl-C is a KeyboardInterrupt, handled below
     try:
@@ -150,7 +153,7 @@ def run_command(argv: list[str]) -> int:
     try:
         if command == "run":
             from bench.experiment import run_experiment
-            from bench.records import find_record
+            from bench.records import best_test_scores, find_record
             from bench.reporting.wandb_logger import wandb_observer
 
             cfg = parse_run(rest)
@@ -159,10 +162,7 @@ def run_command(argv: list[str]) -> int:
             from lightning.fabric.utilities.rank_zero import rank_zero_only
 
             if record and rank_zero_only.rank == 0:  # one line, not one per rank
-                best = record.get("best", {})
-                shown = ", ".join(f"{k}={v:.2f}" for k, v in best.items()
-                          if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
-                print(f"{record['run_name']}: {shown}")
+                print(f"{record['run_name']}: {best_test_scores(record)}")
                 how = "replaced the record of an earlier run of this configuration" if earlier else "new"
                 print(f"record: {find_record(cfg)} ({how})")
             return 0

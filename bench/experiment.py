@@ -40,7 +40,15 @@ from bench.liveness import (
     waiting_on,
 )
 from bench.partition_plot import plot_partition
-from bench.records import git_commit, package_versions, rank_idle, summarise, write_run_record
+from bench.ports import port_error, prepare_master_port
+from bench.records import (
+    best_test_scores,
+    git_commit,
+    package_versions,
+    rank_idle,
+    summarise,
+    write_run_record,
+)
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.workers import rank_threads, resolve_workers, visible_gpus
@@ -84,6 +92,7 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
 
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
+        prepare_master_port(cfg.num_nodes)  # a busy MASTER_PORT: one line, before any rank starts
         nccl_error_handling()
         rank_observer.install()  # a rank interrupted with the others does not get rank 0 SIGKILLed
     strategy = DDPStrategy(timeout=launch_timeout(cfg.timeout)) if ranks > 1 else "auto"
@@ -312,7 +321,16 @@ def attached_loggers(fabric: Fabric, loggers: list[Logger]):
     finally:
         for logger in loggers:
             fabric.loggers.remove(logger)
-            logger.finalize(status)
+            try:
+                logger.finalize(status)
+            except OSError as err:  # a full disk: the per-round CSV is a copy of what the record holds
+                optional_output_failed(f"the {type(logger).__name__} log under {logger.log_dir}", err)
+
+
+def optional_output_failed(what: str, err: BaseException) -> None:
+    """An output the record does without (a plot, a CSV log) could not be written: one warning line."""
+    print(f"fedbench: warning: {what} was not written ({err}); the run's record is written all the same.",
+          file=sys.stderr, flush=True)
 
 
 def log_round(fabric: Fabric, observer: RunObserver, entry: dict, per_client: dict[str, int]) -> None:
@@ -320,7 +338,10 @@ def log_round(fabric: Fabric, observer: RunObserver, entry: dict, per_client: di
     and to the observer. Host floats from the round's history entry: no device sync, no collective (the
     loggers write on rank 0 only)."""
     scalars = {**round_scalars(entry, per_client), "round": entry["round"]}
-    fabric.log_dict(scalars, step=entry["round"])
+    try:
+        fabric.log_dict(scalars, step=entry["round"])
+    except OSError as err:  # the CSV logger flushes every 100 steps: a full disk there must not end the run
+        optional_output_failed(f"the loggers' copy of round {entry['round']}", err)
     observer.log(scalars, step=entry["round"])
 
 
@@ -387,6 +408,8 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
     if fabric is None:
         one_client = METHODS.get(cfg.method.name).runs_centrally
         cfg, layout = resolve_workers(cfg, one_client)
+        if cfg.devices * cfg.num_nodes > 1:
+            prepare_master_port(cfg.num_nodes)  # a busy MASTER_PORT the user set: refused before any work
         threads = rank_threads(cfg, one_client)
         if cfg.threads is None and threads is not None:
             cfg = copy.deepcopy(cfg)
@@ -404,14 +427,26 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
     return cfg, layout
 
 
+def launch(fabric: Fabric) -> Fabric:
+    """``fabric.launch()``; rank 0 failing to listen on MASTER_PORT (taken since make_fabric checked it)
+    is one line naming the port (bench/ports.py), not torch's DistNetworkError traceback."""
+    try:
+        fabric.launch()
+    except Exception as err:
+        busy = port_error(err)
+        if busy is None:
+            raise
+        raise busy from None
+    return fabric
+
+
 def launch_with_data(cfg: RunConfig, fabric: Fabric | None):
     """(fabric, datamodule, partition). Without a caller's Fabric the data and partition come first, in
     the launching process, so that their errors are printed once, before any other rank starts."""
     if fabric is None:
         dm = setup_datamodule(cfg)
         part = run_partition(cfg, dm)
-        fabric = make_fabric(cfg)
-        fabric.launch()
+        fabric = launch(make_fabric(cfg))
         if cfg.threads:  # Fabric's launcher sets cores // ranks threads unless OMP_NUM_THREADS is set
             torch.set_num_threads(cfg.threads)
         return fabric, dm, part
@@ -508,17 +543,26 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
 
 
 def write_outputs(run: Prepared, record: dict[str, Any]) -> None:
-    """Rank 0: the partition heatmap (once per partition) and the record (and final state), where
-    find_record finds them; then every rank waits for it."""
+    """Rank 0: the record (and final state), where find_record finds them, then the partition heatmap
+    (once per partition; a heatmap that cannot be written is a warning); then every rank waits."""
     cfg, fabric, dm, p = run.cfg, run.fabric, run.dm, run.cfg.partition
     if fabric.global_rank == 0:
+        state = {k: v.detach().cpu() for k, v in run.module.state_dict().items()} if cfg.save_final_state else None
+        try:
+            write_run_record(cfg, record, state)  # first; never over a record of another configuration
+        except OSError as err:  # a full disk (NoSpaceError names it): the scores are not lost with the file
+            raise FedbenchError(f"{cfg.run_name()}: the run finished but its record was not written: {err}. "
+                                f"Its best scores: {best_test_scores(record)}. Free space and run it again"
+                                + (" with --resume true (its last checkpoint is kept)." if cfg.checkpoint_every
+                                   else ".")) from err
         heatmap = partition_plot_path(cfg)
         if not heatmap.exists():  # one per partition, shared by every method run on it
             counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
-            plot_partition(counts, str(heatmap), list(dm.class_names),
-                           title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
-        state = {k: v.detach().cpu() for k, v in run.module.state_dict().items()} if cfg.save_final_state else None
-        write_run_record(cfg, record, state)  # never over a record of another configuration
+            try:
+                plot_partition(counts, str(heatmap), list(dm.class_names),
+                               title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
+            except OSError as err:
+                optional_output_failed(f"the partition heatmap {heatmap}", err)
     with waiting_on(fabric, "rank 0 to write the record"):
         fabric.barrier()
 

@@ -62,6 +62,13 @@ def rank_idle(history: list[dict]) -> dict[str, Any]:
     return {"busy_seconds": busy, "idle_seconds": idle, "idle_share": sum(idle) / total if total > 0 else 0.0}
 
 
+def best_test_scores(record: dict) -> str:
+    """The record's best test scores as one line: ``test/accuracy=91.20, test/f1=...``."""
+    best = record.get("best", {})
+    return ", ".join(f"{k}={v:.2f}" for k, v in best.items()
+                     if k.startswith("test/") and isinstance(v, float) and k != "test/predicted_classes")
+
+
 def record_path(output_dir: str, experiment: str, run_name: str) -> Path:
     return Path(output_dir) / experiment / f"{run_name}.json"
 
@@ -110,23 +117,39 @@ def write_run_record(cfg, record: dict, state: dict | None = None) -> tuple[Path
     """Write a run's record (and its final ``state`` beside it, as .pt) where ``find_record`` will find it:
     the bare run name when it is free or holds this configuration, else the identity name. Records of
     different configurations never replace each other; claiming a free bare name is atomic, so two
-    runs finishing at once cannot both take it. Returns (path, whether a record of this configuration
-    was replaced)."""
-    from bench.core.atomic_io import atomic_torch_save, claim_json, write_json
+    runs finishing at once cannot both take it. The record comes first: the state is written once the
+    record's name is known, and a state that cannot be written (full disk) is a warning, not a lost
+    record. Returns (path, whether a record of this configuration was replaced)."""
+    from bench.core.atomic_io import claim_json, write_json
 
     path = find_record(cfg)
     replaced = path is not None
-    if path is None:
-        bare = bare_record_path(cfg)
-        if state is not None:
-            atomic_torch_save(state, bare.with_suffix(".pt"))
-        if claim_json(bare, record):
-            return bare, False
-        path = run_record_path(cfg)  # another configuration took the bare name first
+    if path is not None:
+        write_json(path, record)
+    elif claim_json(bare_record_path(cfg), record):
+        path = bare_record_path(cfg)
+    else:  # another configuration took the bare name first
+        path = run_record_path(cfg)
+        write_json(path, record)
     if state is not None:
-        atomic_torch_save(state, path.with_suffix(".pt"))
-    write_json(path, record)
+        write_optional(path.with_suffix(".pt"), state, "the final state")
     return path, replaced
+
+
+def write_optional(path: Path, state: dict, what: str) -> bool:
+    """``torch.save`` an output the record does without (the final state); a failure is a warning."""
+    import warnings
+
+    from bench.core.atomic_io import atomic_torch_save
+    from bench.core.errors import FedbenchWarning
+
+    try:
+        atomic_torch_save(state, path)
+    except OSError as err:
+        warnings.warn(f"{what} was not written to {path}: {err}. The run's record is complete.",
+                      FedbenchWarning, stacklevel=3)
+        return False
+    return True
 
 
 class RecordError(FedbenchError):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.core.atomic_io import atomic_torch_save
+from bench.core.atomic_io import NoSpaceError, atomic_torch_save
 from bench.core.errors import FedbenchError, FedbenchWarning, first_line
 
 
@@ -176,7 +176,9 @@ def cached_decode(
     contents = {"key": key, "fingerprint": fingerprint, "splits": {name: vars(s) for name, s in splits.items()}}
     try:
         atomic_torch_save(contents, path)
-    except OSError as err:
-        warnings.warn(f"cannot write the decode cache {path} ({err.strerror or err}); the dataset will be decoded "
-                      "again next time. Set --data.cache_dir to a writable folder.", FedbenchWarning, stacklevel=2)
+    except OSError as err:  # a full disk too (NoSpaceError, also for torch's RuntimeError over ENOSPC)
+        fix = "Free space on it" if isinstance(err, NoSpaceError) else "Make it writable"
+        warnings.warn(f"cannot write the decode cache {path} ({err.strerror or err}); running uncached: the "
+                      f"dataset will be decoded again next time. {fix}, or set --data.cache_dir to another folder.",
+                      FedbenchWarning, stacklevel=2)
     return splits

@@ -509,7 +509,7 @@ def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
 def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
     """Run the runs without a matching record; returns this process's global rank. ``annotations``
     (the command-line overrides) are stored in every record and W&B run."""
-    from bench.experiment import make_fabric, run_experiment, wait_for_launched_ranks
+    from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
     from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()
@@ -538,8 +538,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
         run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
                  lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations))
         return 0
-    fabric = make_fabric(todo[0].cfg)
-    fabric.launch()
+    fabric = launch(make_fabric(todo[0].cfg))
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")

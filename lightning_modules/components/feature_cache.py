@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.core.atomic_io import atomic_torch_save
+from bench.core.atomic_io import save_cache
 from bench.core.numerics import gpu_math_settings
 from lightning_modules.components.clip_models import FrozenClip, preprocess_uint8
 
@@ -92,7 +92,7 @@ def cached_image_features(
         x = preprocess_uint8(batch, clip.image_size, clip.mean, clip.std)
         chunks.append(clip.encode_images(x).float().cpu())
     feats = torch.cat(chunks) if chunks else torch.empty(0, clip.embed_dim)
-    atomic_torch_save({"key": key, "features": feats}, path)
+    save_cache({"key": key, "features": feats}, path, "the feature cache")
     return feats
 
 
@@ -105,5 +105,5 @@ def cached_text_features(clip: FrozenClip, clip_key: str, prompts: list[str], ca
     if feats is not None:
         return feats
     feats = clip.encode_texts(prompts).float().cpu()
-    atomic_torch_save({"key": key, "features": feats}, path)
+    save_cache({"key": key, "features": feats}, path, "the feature cache")
     return feats

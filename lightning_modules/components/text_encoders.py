@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.core.atomic_io import atomic_torch_save
+from bench.core.atomic_io import save_cache
 from bench.core.errors import FedbenchError, FedbenchWarning
 
 OFFLINE_ALTERNATIVE = "minilm"
@@ -228,5 +228,5 @@ def class_prompt_embeddings(encoder_name: str, prompts: list[list[str]], cache_d
     k, m = len(prompts), len(prompts[0])
     flat = encoder.encode([p for row in prompts for p in row])
     embeddings = F.normalize(flat, dim=-1).reshape(k, m, encoder.dim).contiguous()
-    atomic_torch_save({"encoder": encoder_name, "prompts": prompts, "embeddings": embeddings}, path)
+    save_cache({"encoder": encoder_name, "prompts": prompts, "embeddings": embeddings}, path, "the text-embedding cache")
     return embeddings
