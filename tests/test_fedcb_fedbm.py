@@ -184,13 +184,18 @@ def test_generator_schedule_and_synthetic_batches(tiny_cfg, captured, monkeypatc
     data = captured["fed"].data
     ctx = context(module, data, round_idx=4)
     rng_state = ctx.generator.get_state()
+    module._augment_rng = None  # a fresh (seed, round, client) augmentation stream
     xs, ys = module.synthetic_batch(ctx)
     ctx.generator.set_state(rng_state)
-    from lightning_modules.components.cgde_generator import generate_batch
+    from bench.core.seeding import AUGMENT, METHOD, derive_seed
+    from lightning_modules.components.cgde_generator import augment_generated, generate_batch
 
     raw, labels = generate_batch(module.cgde.generator, module.condition_distribution(), 5, ctx.generator)
     assert raw.shape == (5, *data.images.shape[1:]) and 0 <= float(raw.min()) and float(raw.max()) <= 1
-    assert torch.allclose(xs, (raw - data.mean) / data.std) and torch.equal(ys, labels)
+    # augmented like the generator's training batches (crop, flips) from a CPU stream of (seed, round, client)
+    aug_rng = torch.Generator().manual_seed(derive_seed(derive_seed(0, 4, 0, METHOD), -1, -1, AUGMENT))
+    assert torch.allclose(xs, (augment_generated(raw, aug_rng) - data.mean) / data.std) and torch.equal(ys, labels)
+    assert not torch.allclose(xs, (raw - data.mean) / data.std)
     assert not any(k.startswith(("generator", "cgde")) for k in module.state_dict())
 
 

@@ -21,7 +21,6 @@ from torch import nn
 from bench.aggregation import RoundBuffer
 from lightning_modules.components.cgde_generator import (
     GeneratorObjective,
-    augment_generated,
     bn_statistics_loss,
     diversity_loss,
 )
@@ -30,8 +29,8 @@ from lightning_modules.components.lkcc import lkcc_logits, lkcc_surrogate_loss
 from lightning_modules.fedcb import LKCCHead
 
 GOLDEN = Path(__file__).parent / "golden"
-F64 = dict(rel=1e-12, abs=1e-12)
-F32 = dict(rtol=2e-6, atol=2e-6)
+F64 = {"rel": 1e-12, "abs": 1e-12}
+F32 = {"rtol": 2e-6, "atol": 2e-6}
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
@@ -122,6 +121,8 @@ def test_bn_statistics_loss_matches_public_code():
 def test_augmentation_matches_public_code(case):
     """The public code's RandomCrop(128, padding 4) + flips + Normalize, seeded; ours with a CPU
     generator of the same seed and then the same normalisation. Fails if the images are not augmented."""
+    from lightning_modules.components.cgde_generator import augment_generated  # absent before the fix
+
     out = golden("fedbm")["augment"]["outputs"][case]
     x = (torch.arange(2 * 3 * 128 * 128, dtype=torch.float64) % 997 / 997).view(2, 3, 128, 128)
     mean, std = (t(v).view(1, 3, 1, 1) for v in IMAGENET)
