@@ -113,17 +113,26 @@ def batched_diversity_loss(flat_x: torch.Tensor, flat_z: torch.Tensor, labels: t
 def augment_generated(images: torch.Tensor, rng: torch.Generator, padding: int = 4) -> torch.Tensor:
     """Generated images augmented as FedBM's public code does (generator_driver.py ``self.aug``):
     RandomCrop(image size, padding 4, zero fill), RandomHorizontalFlip, RandomVerticalFlip. torchvision
-    applies them to the whole batch tensor, so one crop offset and one decision per flip serve the batch.
-    The draws come from the CPU generator ``rng`` in torchvision's order (row offset, column offset:
-    randint(0, 2 * padding + 1); then rand(1) < 0.5 for the horizontal, then the vertical flip), so
-    they are the same on every device and rank."""
+    applies them to the whole batch tensor, so one crop offset and one decision per flip serve the batch."""
+    return crop_flip(images, crop_flip_draws(rng, padding), padding)
+
+
+def crop_flip_draws(rng: torch.Generator, padding: int = 4) -> tuple[int, int, bool, bool]:
+    """(top, left, hflip, vflip) from the CPU generator ``rng`` in torchvision's order (row offset, column
+    offset: randint(0, 2 * padding + 1); then rand(1) < 0.5 for the horizontal, then the vertical flip),
+    so the same on every device and rank."""
     if rng.device.type != "cpu":
-        raise FedbenchError(f"augment_generated draws from a CPU generator (device-independent), got {rng.device}.")
-    h, w = images.shape[-2:]
+        raise FedbenchError(f"FedBM's augmentation draws from a CPU generator (device-independent), got {rng.device}.")
     top = int(torch.randint(0, 2 * padding + 1, (1,), generator=rng))
     left = int(torch.randint(0, 2 * padding + 1, (1,), generator=rng))
     hflip = bool(torch.rand(1, generator=rng) < 0.5)
-    vflip = bool(torch.rand(1, generator=rng) < 0.5)
+    return top, left, hflip, bool(torch.rand(1, generator=rng) < 0.5)
+
+
+def crop_flip(images: torch.Tensor, draws: tuple[int, int, bool, bool], padding: int = 4) -> torch.Tensor:
+    """The crop at (top, left) of the zero-padded batch, then the flips; nothing is read back."""
+    top, left, hflip, vflip = draws
+    h, w = images.shape[-2:]
     out = F.pad(images, (padding,) * 4)[..., top:top + h, left:left + w]
     if hflip:
         out = out.flip(-1)
