@@ -146,8 +146,10 @@ def test_without_lkcc_learned_classifier(text_cache):
     z = dist.sample(labels, generator=rng)
     g = copy.deepcopy(m.cgde.generator).train()
     m.eval()
-    with torch.no_grad():
-        by_hand = F.cross_entropy(m.head.fc(m.backbone(m.cgde.normalise(g(z)))), labels)
+    from lightning_modules.components.cgde_generator import augment_generated
+
+    with torch.no_grad():  # the teacher sees the crop/flips drawn next from the same stream
+        by_hand = F.cross_entropy(m.head.fc(m.backbone(m.cgde.normalise(augment_generated(g(z), rng)))), labels)
     m.train()
     logs = m.train_generator({k: v.clone() for k, v in m.state_dict().items() if k in m.shared_keys()}, 4)
     assert logs["sem"] == pytest.approx(float(by_hand), rel=1e-5) and logs["div"] > 0 and logs["dis"] > 0
@@ -216,10 +218,12 @@ def test_generator_loss_switches_and_noise_condition(text_cache):
         build(FedBM, text_cache, use_sem=False, use_div=False, use_dis=False)
     with pytest.raises(FedbenchError, match="condition"):
         build(FedBM, text_cache, condition="text")
+    with pytest.raises(FedbenchError, match="augment_synthetic"):
+        build(FedBM, text_cache, augment_synthetic="yes")
     # noise condition: z ~ N(0, I) does not depend on the concept means; concept conditions do
     outs = {}
-    for cond in ("noise", "concept"):
-        m = build(FedBM, text_cache, **CHEAP_GEN, condition=cond)
+    for cond in ("noise", "concept"):  # without the crop/flips, whose stream moves on between the two calls
+        m = build(FedBM, text_cache, **CHEAP_GEN, condition=cond, augment_synthetic=False)
         m.prepare_splits(data, None, data)
         m.cgde.trained = True
         a = m.synthetic_batch(context(m, data))[0]
