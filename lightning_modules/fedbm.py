@@ -8,14 +8,18 @@ fresh optimizer each time as in the public code; G itself persists) against the 
 model (eval mode), on batches of ``gen_batch`` uniform labels y and conditions
 z ~ N(mu_y, full text covariance + 1e-4 I) (``condition: noise``: z ~ N(0, I)):
     L_G = L_sem + lambda_div L_div + lambda_dis L_dis                       (Eq. 10)
-with L_sem the LKCC loss of the global model on normalise(G(z)), L_div the per-class pairwise
-diversity term, L_dis the BN-statistics term (``components/cgde_generator.py``); ``use_sem``,
+with L_sem the LKCC loss of the global model on normalise(A(G(z))), A the public code's augmentation
+(``augment_generated``: RandomCrop with zero padding 4, horizontal and vertical flips, one draw per
+batch from the same CPU stream; ``augment_synthetic: false`` turns it off here and below), L_div the
+per-class pairwise diversity term, L_dis the BN-statistics term (``components/cgde_generator.py``); ``use_sem``,
 ``use_div``, ``use_dis`` switch terms off (ablation). Labels and conditions come from
 derive_seed(server_seed, r, -1, SERVER), server_seed a pure function of the run seed. G's state
 is then broadcast, so every rank holds the same G.
 Client (``client_objective``): once G exists, every real batch (x, y) is concatenated with
 ``g_batch`` synthetic samples (``with_synthetic``: G in eval mode, no grad; labels uniform; draws
-from ctx.generator, i.e. a function of (seed, round, client)), normalised with the data's mean/std
+from ctx.generator, i.e. a function of (seed, round, client)), augmented like the generator's training
+batches (A, from a CPU generator seeded from (seed, round, client): the same on every device and rank),
+normalised with the data's mean/std
 like real images; one forward pass and one mean LKCC loss over the B + g_batch samples (Eq. 11, as
 the public code does).
 
@@ -46,9 +50,14 @@ from torch import nn
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
-from bench.core.seeding import SERVER, derive_seed
+from bench.core.seeding import AUGMENT, METHOD, SERVER, derive_seed
 from lightning_modules.base import METHODS, Batch, ClientContext, Objective, ServerContext
-from lightning_modules.components.cgde_generator import ConceptGenerator, generate_batch, train_generator
+from lightning_modules.components.cgde_generator import (
+    ConceptGenerator,
+    augment_generated,
+    generate_batch,
+    train_generator,
+)
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.fedcb import FedCB
 
@@ -75,7 +84,8 @@ class FedBM(FedCB):
     def __init__(self, *args, g_batch: int = 16, gen_start: int = 5, gen_every: int = 5, gen_steps: int = 100,
                  gen_batch: int = 64, gen_lr: float = 3e-4, gen_base_channels: int | None = None,
                  lambda_div: float = 1.0, lambda_dis: float = 0.1, use_sem: bool = True, use_div: bool = True,
-                 use_dis: bool = True, condition: str = "concept", **kwargs) -> None:
+                 use_dis: bool = True, condition: str = "concept", augment_synthetic: bool = True,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.distribution is None:
             raise FedbenchError("FedBM's generator is conditioned on the concept distributions: use classifier "
@@ -96,6 +106,10 @@ class FedBM(FedCB):
         self.lambda_div, self.lambda_dis = lambda_div, lambda_dis
         self.use_sem, self.use_div, self.use_dis = use_sem, use_div, use_dis
         self.noise_only = condition == "noise"
+        if not isinstance(augment_synthetic, bool):
+            raise FedbenchError(f"FedBM's augment_synthetic must be true or false, got {augment_synthetic!r}.")
+        self.augment_synthetic = augment_synthetic
+        self._augment_rng: tuple[tuple[int, int, int], torch.Generator] | None = None
         # a pure function of the run seed (the module is built under a seeded global stream)
         self.server_seed = int(torch.randint(0, 2**62, (1,)).item())
         self.cgde = CGDEServer()
@@ -166,7 +180,7 @@ class FedBM(FedCB):
                 lambda_div=self.lambda_div, lambda_dis=self.lambda_dis, normalise=self.cgde.normalise,
                 seed=derive_seed(self.server_seed, round_idx, -1, SERVER), use_sem=self.use_sem,
                 use_div=self.use_div, use_dis=self.use_dis, noise_only=self.noise_only,
-                sem_loss=self.head.loss if self.classifier == "learned" else None)
+                sem_loss=self.head.loss if self.classifier == "learned" else None, augment=self.augment_synthetic)
 
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
                     server: ServerContext | None = None) -> None:
@@ -194,10 +208,22 @@ class FedBM(FedCB):
         self.cgde.trained = bool(state["generator_trained"])
 
     # ---- local training --------------------------------------------------------------------
+    def augment_rng(self, ctx: ClientContext) -> torch.Generator:
+        """The CPU stream of this client's augmentation draws in this round (one per (seed, round, client),
+        kept across its batches): independent of the device and of which rank trains the client."""
+        key = (ctx.seed, ctx.round_idx, ctx.client_id)
+        if self._augment_rng is None or self._augment_rng[0] != key:
+            seed = derive_seed(derive_seed(ctx.seed, ctx.round_idx, ctx.client_id, METHOD), -1, -1, AUGMENT)
+            self._augment_rng = (key, torch.Generator().manual_seed(seed))
+        return self._augment_rng[1]
+
     def synthetic_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """g_batch normalised synthetic images and their labels, drawn from ctx.generator."""
+        """g_batch synthetic images (labels and conditions drawn from ctx.generator), augmented
+        (``augment_rng``) and normalised, and their labels."""
         images, labels = generate_batch(self._generator(), self.condition_distribution(), self.g_batch,
                                         ctx.generator, noise_only=self.noise_only)
+        if self.augment_synthetic:
+            images = augment_generated(images, self.augment_rng(ctx))
         return self.cgde.normalise(images), labels
 
     def with_synthetic(self, ctx: ClientContext, batch: Batch) -> Batch:

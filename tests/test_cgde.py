@@ -147,3 +147,51 @@ def test_train_generator_switches():
         gen = ConceptGenerator(8, 1, 16, base_channels=16)
         results.append(_train(gen, teacher, dist, seed=0, steps=1, noise_only=noise_only))
     assert results[0]["div"] != results[1]["div"]  # conditions differ: concept vs N(0, I)
+
+
+@pytest.mark.parametrize("augment", [True, False])
+def test_train_generator_teacher_sees_augmented_images(augment):
+    """The teacher (L_sem, L_dis) sees the public code's crop/flips of G(z), drawn from the seeded CPU
+    stream after the labels and conditions; L_div and augment=False see the raw images."""
+    from lightning_modules.components.cgde_generator import augment_generated
+
+    teacher, dist = _setup()
+    torch.manual_seed(1)
+    gen = ConceptGenerator(8, 1, 16, base_channels=16)
+    start = copy.deepcopy(gen).train()
+    seen = []
+
+    def forward(x):
+        seen.append(x.detach().clone())
+        return teacher(x)
+
+    def normalise(x):
+        return (x - 0.5) / 0.5
+
+    train_generator(gen, forward, teacher, dist, steps=1, batch_size=16, lr=3e-3, tau=5.0, lambda_div=1.0,
+                    lambda_dis=0.1, normalise=normalise, seed=5, augment=augment)
+    rng = torch.Generator().manual_seed(5)
+    labels = torch.randint(3, (16,), generator=rng)
+    with torch.no_grad():
+        raw = start(dist.sample(labels, generator=rng))
+    assert len(seen) == 1
+    if augment:
+        assert torch.allclose(seen[0], normalise(augment_generated(raw, rng)), atol=1e-6)
+        assert not torch.allclose(seen[0], normalise(raw), atol=1e-3)
+    else:
+        assert torch.allclose(seen[0], normalise(raw), atol=1e-6)
+
+
+def test_augment_generated_is_one_crop_and_flip_per_batch():
+    from lightning_modules.components.cgde_generator import augment_generated
+
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float64).view(2, 1, 6, 6) + 1
+    for seed in range(20):
+        rng = torch.Generator().manual_seed(seed)
+        top, left = (int(torch.randint(0, 9, (1,), generator=rng)) for _ in range(2))
+        hflip, vflip = (bool(torch.rand(1, generator=rng) < 0.5) for _ in range(2))
+        out = augment_generated(x, torch.Generator().manual_seed(seed))
+        expected = F.pad(x, (4, 4, 4, 4))[..., top:top + 6, left:left + 6]
+        expected = expected.flip(-1) if hflip else expected
+        expected = expected.flip(-2) if vflip else expected
+        assert out.shape == x.shape and torch.equal(out, expected)  # zero padding, same draw for both images

@@ -21,6 +21,7 @@ from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 from lightning_modules.base import METHODS
 
+FEDBM_OWN = "FBM-26 FBM-27 FBM-28 FBM-29 FBM-30 FBM-31 FBM-32 FBM-33"  # its logits, generator and AUC
 
 def test_the_doc_and_the_rules_list_the_same_ids_once_each():
     ids, bare = doc_ids(DOC_FILE.read_text(encoding="utf-8"))
@@ -105,14 +106,16 @@ def test_each_row_carries_the_ids_of_the_departures_that_can_move_it(rendered):
     rows = md_rows(md)
     # FedBM on OCT-C8: its concept names (FBM-11, fedbm/fedcb on oct-c8 only); every SGD row of FedBM's tables:
     # optimiser (FBM-1), lr decay (FBM-2), round rule (FBM-3), seeds (FBM-10) and spread (FBM-16)
-    assert rows["FedBM"] == "FBM-1, FBM-2, FBM-3, FBM-4, FBM-10, FBM-11, FBM-16"
+    assert rows["FedBM"] == ("FBM-1, FBM-2, FBM-3, FBM-4, FBM-10, FBM-11, FBM-16, FBM-26, FBM-27, FBM-28, FBM-29, "
+                             "FBM-30, FBM-31, FBM-32, FBM-33")  # and its generator's (FBM-27..32), logits (26), AUC (33)
     assert rows["FedAvg"] == "FBM-1, FBM-2, FBM-3, FBM-4, FBM-10, FBM-16"  # not FedBM's concept names
     # scored on the clients' models: not the aggregated model's evaluation (FBM-4); FedProto's own two
     assert rows["FedProto (client models)"] == "FBM-1, FBM-2, FBM-3, FBM-6, FBM-7, FBM-10, FBM-16, FBM-22"
     assert rows["Adam FedAvg"] == "FBM-2, FBM-3, FBM-4, FBM-10, FBM-16"  # the text's Adam: FBM-1 does not move it
     rules = load_departures()
     legend = md.split("| Method |")[0]
-    used = ["FBM-1", "FBM-2", "FBM-3", "FBM-4", "FBM-6", "FBM-7", "FBM-10", "FBM-11", "FBM-16", "FBM-22"]
+    used = ["FBM-1", "FBM-2", "FBM-3", "FBM-4", "FBM-6", "FBM-7", "FBM-10", "FBM-11", "FBM-16", "FBM-22", "FBM-26",
+            "FBM-27", "FBM-28", "FBM-29", "FBM-30", "FBM-31", "FBM-32", "FBM-33"]
     assert [line[4:].split(":")[0] for line in legend.splitlines() if line.startswith("  - ")] == used
     for i in used:
         assert f"  - {i}: {rules[i].text}" in legend
@@ -124,7 +127,7 @@ def test_the_csv_and_json_hold_each_cells_ids(rendered):
     with open(paths["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
     by = {(r["method"], r["beta"]): r["departures"] for r in rows}
-    assert by[("FedBM", "0.05")] == by[("FedBM", "0.1")] == "FBM-1 FBM-2 FBM-3 FBM-4 FBM-10 FBM-11 FBM-16"
+    assert by[("FedBM", "0.05")] == by[("FedBM", "0.1")] == "FBM-1 FBM-2 FBM-3 FBM-4 FBM-10 FBM-11 FBM-16 " + FEDBM_OWN
     assert "FBM-11" not in by[("FedAvg", "0.05")] and by[("FedAvg", "0.05")].split()[0] == "FBM-1"
     doc = json.loads(Path(paths["json"]).read_text())
     cells = {(c["method"], c["beta"]): c["departures"] for c in doc["cells"]}
@@ -145,7 +148,7 @@ def test_the_wandb_table_has_the_departures_column(rendered, tmp_path, monkeypat
     logged = json.loads(logged.read_text())
     rows = [dict(zip(logged["columns"], row)) for row in logged["data"]]
     marks = {(r["method"], r["beta"]): r["departures"] for r in rows}
-    assert marks[("FedBM", 0.05)] == "FBM-1 FBM-2 FBM-3 FBM-4 FBM-10 FBM-11 FBM-16"
+    assert marks[("FedBM", 0.05)] == "FBM-1 FBM-2 FBM-3 FBM-4 FBM-10 FBM-11 FBM-16 " + FEDBM_OWN
     assert "FBM-11" not in marks[("FedAvg", 0.05)]
 
 

@@ -142,8 +142,10 @@ def test_without_lkcc_learned_classifier(text_cache):
     z = dist.sample(labels, generator=rng)
     g = copy.deepcopy(m.cgde.generator).train()
     m.eval()
-    with torch.no_grad():
-        by_hand = F.cross_entropy(m.head.fc(m.backbone(m.cgde.normalise(g(z)))), labels)
+    from lightning_modules.components.cgde_generator import augment_generated
+
+    with torch.no_grad():  # the teacher sees the crop/flips drawn next from the same stream
+        by_hand = F.cross_entropy(m.head.fc(m.backbone(m.cgde.normalise(augment_generated(g(z), rng)))), labels)
     m.train()
     logs = m.train_generator({k: v.clone() for k, v in m.state_dict().items() if k in m.shared_keys()}, 4)
     assert logs["sem"] == pytest.approx(float(by_hand), rel=1e-5) and logs["div"] > 0 and logs["dis"] > 0
@@ -180,13 +182,18 @@ def test_generator_schedule_and_synthetic_batches(tiny_cfg, captured, monkeypatc
     data = captured["fed"].data
     ctx = context(module, data, round_idx=4)
     rng_state = ctx.generator.get_state()
+    module._augment_rng = None  # a fresh (seed, round, client) augmentation stream
     xs, ys = module.synthetic_batch(ctx)
     ctx.generator.set_state(rng_state)
-    from lightning_modules.components.cgde_generator import generate_batch
+    from bench.core.seeding import AUGMENT, METHOD, derive_seed
+    from lightning_modules.components.cgde_generator import augment_generated, generate_batch
 
     raw, labels = generate_batch(module.cgde.generator, module.condition_distribution(), 5, ctx.generator)
     assert raw.shape == (5, *data.images.shape[1:]) and 0 <= float(raw.min()) and float(raw.max()) <= 1
-    assert torch.allclose(xs, (raw - data.mean) / data.std) and torch.equal(ys, labels)
+    # augmented like the generator's training batches (crop, flips) from a CPU stream of (seed, round, client)
+    aug_rng = torch.Generator().manual_seed(derive_seed(derive_seed(0, 4, 0, METHOD), -1, -1, AUGMENT))
+    assert torch.allclose(xs, (augment_generated(raw, aug_rng) - data.mean) / data.std) and torch.equal(ys, labels)
+    assert not torch.allclose(xs, (raw - data.mean) / data.std)
     assert not any(k.startswith(("generator", "cgde")) for k in module.state_dict())
 
 
@@ -207,10 +214,12 @@ def test_generator_loss_switches_and_noise_condition(text_cache):
         build(FedBM, text_cache, use_sem=False, use_div=False, use_dis=False)
     with pytest.raises(FedbenchError, match="condition"):
         build(FedBM, text_cache, condition="text")
+    with pytest.raises(FedbenchError, match="augment_synthetic"):
+        build(FedBM, text_cache, augment_synthetic="yes")
     # noise condition: z ~ N(0, I) does not depend on the concept means; concept conditions do
     outs = {}
-    for cond in ("noise", "concept"):
-        m = build(FedBM, text_cache, **CHEAP_GEN, condition=cond)
+    for cond in ("noise", "concept"):  # without the crop/flips, whose stream moves on between the two calls
+        m = build(FedBM, text_cache, **CHEAP_GEN, condition=cond, augment_synthetic=False)
         m.prepare_splits(data, None, data)
         m.cgde.trained = True
         a = m.synthetic_batch(context(m, data))[0]

@@ -286,3 +286,18 @@ def test_fedbm_diversity_loss_reads_nothing_back_on_a_gpu():
     with FakeTensorMode(allow_non_fake_inputs=True):
         out = diversity_loss(images.detach().to("cuda"), z.to("cuda"), labels.to("cuda"), 6)
         assert out.device.type == "cuda" and out.shape == ()
+
+
+def test_fedbm_augmentation_of_gpu_images_draws_on_the_cpu():
+    """FedBM's crop/flips of generated images: the draws come from a CPU generator (the same offsets and
+    flips on every device and rank); the images stay on the GPU, nothing else is read back."""
+    from lightning_modules.components.cgde_generator import augment_generated, crop_flip, crop_flip_draws
+
+    x = torch.rand(3, 2, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    draws = crop_flip_draws(torch.Generator().manual_seed(4))
+    assert draws == (4, 3, True, True)  # torchvision's order: randint(0, 9) x 2, rand(1) < 0.5 x 2
+    on_cpu = augment_generated(x, torch.Generator().manual_seed(4))
+    assert torch.equal(on_cpu, crop_flip(x, draws)) and not torch.equal(on_cpu, x)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = crop_flip(x.to("cuda"), draws)  # plain indexing and flips: no host read
+        assert out.device.type == "cuda" and out.shape == x.shape

@@ -2,8 +2,11 @@
 
 L_generator = L_sem + lambda_div * L_div + lambda_dis * L_dis   (FedBM Eq. 10), with
 - L_sem: the LKCC surrogate loss of the frozen global model on the synthetic images (Eq. 6),
-- L_div: per-class pairwise 1 / (L1(x_i, x_j) / L1(z_i, z_j) + 1e-5), summed over classes / K (Eq. 7),
+- L_div: per-class pairwise 1 / (L1(x_i, x_j) / L1(z_i, z_j) + 1e-5), summed over classes / K (Eq. 7;
+  L1 the norms themselves, as the public code's F.pdist(p=1), not per-dimension means),
 - L_dis: sum over the teacher's BN layers of ||mu_run - mu_batch||_2 + ||var_run - var_batch||_2 (Eq. 8).
+The teacher sees the images augmented as the public code does (``augment_generated``: RandomCrop with
+zero padding 4, then a horizontal and a vertical flip, one draw per batch); L_div uses the raw images.
 """
 from __future__ import annotations
 
@@ -71,8 +74,8 @@ class ConceptGenerator(nn.Module):
 def diversity_loss(images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor, num_classes: int,
                    eps: float = 1e-5) -> torch.Tensor:
     """L_div: for every class with >= 2 samples, the mean over pairs i < j of
-    1 / (L1(x_i, x_j) / L1(z_i, z_j) + eps), L1 being the mean absolute difference; summed over
-    classes and divided by ``num_classes``."""
+    1 / (L1(x_i, x_j) / L1(z_i, z_j) + eps), L1 the sum of absolute differences (FedBM Eq. 7, the
+    public code's F.pdist(p=1)); summed over classes and divided by ``num_classes``."""
     flat_x, flat_z = images.flatten(1), z.flatten(1)
     if images.device.type != "cpu":  # no per-class unique()/nonzero read back per generator step
         return batched_diversity_loss(flat_x, flat_z, labels, num_classes, eps)
@@ -84,8 +87,8 @@ def diversity_loss(images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor, 
         i, j = torch.triu_indices(len(idx), len(idx), offset=1, device=idx.device)
         xi, xj = flat_x[idx[i]], flat_x[idx[j]]
         zi, zj = flat_z[idx[i]], flat_z[idx[j]]
-        d_x = (xi - xj).abs().mean(dim=1)
-        d_z = (zi - zj).abs().mean(dim=1).clamp_min(1e-12)
+        d_x = (xi - xj).abs().sum(dim=1)
+        d_z = (zi - zj).abs().sum(dim=1).clamp_min(1e-12)
         total = total + (1.0 / (d_x / d_z + eps)).mean()
     return total / num_classes
 
@@ -94,8 +97,8 @@ def batched_diversity_loss(flat_x: torch.Tensor, flat_z: torch.Tensor, labels: t
                            eps: float = 1e-5) -> torch.Tensor:
     """``diversity_loss`` over all pairs at once (GPU): the same sum up to float rounding
     (tests/test_gpu_paths.py), with nothing read back to the host."""
-    d_x = torch.cdist(flat_x, flat_x, p=1) / flat_x.shape[1]
-    d_z = (torch.cdist(flat_z, flat_z, p=1) / flat_z.shape[1]).clamp_min(1e-12)
+    d_x = torch.cdist(flat_x, flat_x, p=1)
+    d_z = torch.cdist(flat_z, flat_z, p=1).clamp_min(1e-12)
     n = len(labels)
     upper = torch.ones(n, n, dtype=torch.bool, device=labels.device).triu(1)
     same = (labels[:, None] == labels[None, :]) & upper
@@ -105,6 +108,35 @@ def batched_diversity_loss(flat_x: torch.Tensor, flat_z: torch.Tensor, labels: t
     counts = onehot.sum(dim=0)
     pairs = counts * (counts - 1) / 2
     return torch.where(pairs > 0, sums / pairs.clamp_min(1.0), torch.zeros_like(sums)).sum() / num_classes
+
+
+def augment_generated(images: torch.Tensor, rng: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Generated images augmented as FedBM's public code does (generator_driver.py ``self.aug``):
+    RandomCrop(image size, padding 4, zero fill), RandomHorizontalFlip, RandomVerticalFlip. torchvision
+    applies them to the whole batch tensor, so one crop offset and one decision per flip serve the batch."""
+    return crop_flip(images, crop_flip_draws(rng, padding), padding)
+
+
+def crop_flip_draws(rng: torch.Generator, padding: int = 4) -> tuple[int, int, bool, bool]:
+    """(top, left, hflip, vflip) from the CPU generator ``rng`` in torchvision's order (row offset, column
+    offset: randint(0, 2 * padding + 1); then rand(1) < 0.5 for the horizontal, then the vertical flip),
+    so the same on every device and rank."""
+    if rng.device.type != "cpu":
+        raise FedbenchError(f"FedBM's augmentation draws from a CPU generator (device-independent), got {rng.device}.")
+    top = int(torch.randint(0, 2 * padding + 1, (1,), generator=rng))
+    left = int(torch.randint(0, 2 * padding + 1, (1,), generator=rng))
+    hflip = bool(torch.rand(1, generator=rng) < 0.5)
+    return top, left, hflip, bool(torch.rand(1, generator=rng) < 0.5)
+
+
+def crop_flip(images: torch.Tensor, draws: tuple[int, int, bool, bool], padding: int = 4) -> torch.Tensor:
+    """The crop at (top, left) of the zero-padded batch, then the flips; nothing is read back."""
+    top, left, hflip, vflip = draws
+    h, w = images.shape[-2:]
+    out = F.pad(images, (padding,) * 4)[..., top:top + h, left:left + w]
+    if hflip:
+        out = out.flip(-1)
+    return out.flip(-2) if vflip else out
 
 
 class BNStatisticsHook:
@@ -198,6 +230,7 @@ def train_generator(
     use_dis: bool = True,
     noise_only: bool = False,
     sem_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    augment: bool = True,
 ) -> dict[str, float]:
     """Train ``generator`` for ``steps`` Adam steps against the frozen teacher; return the last losses.
 
@@ -209,7 +242,8 @@ def train_generator(
     parameters; its modes and flags are restored afterwards. Each call uses a fresh
     Adam(lr, betas 0.5/0.999), as the public code does.
     ``sem_loss(h, labels)`` replaces the LKCC surrogate as L_sem (FedBM without LKCC: the CE of the
-    teacher's learned classifier).
+    teacher's learned classifier). ``augment``: the teacher (L_sem, L_dis) sees ``augment_generated``
+    of each batch, drawn from the same CPU stream after the labels and conditions (the public code).
     """
     if steps < 1 or batch_size < 1:
         raise FedbenchError(f"train_generator needs steps >= 1 and batch_size >= 1, got {steps}, {batch_size}")
@@ -218,6 +252,7 @@ def train_generator(
     device = _module_device(generator)
     objective = GeneratorObjective(teacher_forward, teacher_model, distribution.to(device), tau, lambda_div,
                                    lambda_dis, normalise, (use_sem, use_div, use_dis), sem_loss)
+    view = (lambda images: augment_generated(images, rng)) if augment else (lambda images: images)
     rng = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(generator.parameters(), lr=lr, betas=(0.5, 0.999))
     terms: list[torch.Tensor] = []  # per step [loss, sem, div, dis], detached: read once at the end (no host
@@ -225,7 +260,8 @@ def train_generator(
         for _ in range(steps):
             labels = torch.randint(objective.dist.num_classes, (batch_size,), generator=rng).to(device)
             z = objective.dist.sample(labels, generator=rng, noise_only=noise_only)
-            loss, step_terms = objective.losses(generator(z), z, labels)
+            images = generator(z)
+            loss, step_terms = objective.losses(images, z, labels, seen=view(images))
             terms.append(step_terms)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -243,10 +279,13 @@ class GeneratorObjective:
         self.lambda_div, self.lambda_dis, self.normalise, self.sem_loss = lambda_div, lambda_dis, normalise, sem_loss
         self.use_sem, self.use_div, self.use_dis = use
 
-    def losses(self, images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L, detached [L, sem, div, dis]) of one generated batch."""
+    def losses(self, images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor,
+               seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, detached [L, sem, div, dis]) of one generated batch; the teacher (L_sem, L_dis) sees
+        ``seen`` (the augmented images; default ``images``), L_div the raw ``images``."""
+        seen = images if seen is None else seen
         with BNStatisticsHook(self.teacher_model) as hook:
-            h = self.teacher_forward(self.normalise(images) if self.normalise is not None else images)
+            h = self.teacher_forward(self.normalise(seen) if self.normalise is not None else seen)
         zero = images.new_zeros(())
         if not self.use_sem:
             sem = zero
