@@ -90,7 +90,8 @@ def test_mean_std_and_missing(rendered):
     md = Path(paths["md"]).read_text()
     assert "| FedAvg <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | 58.00 ± 3.00 |" in md  # its departures' ids
     assert "68.00 ± 2.83 (2/3 seeds)" in md
-    assert "| Ours only <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16</sup> | missing (0/3 seeds) | missing | n/a |" in md  # ours, Δ FedAvg, FedBM
+    assert "| Ours only <sup>FBM-1, FBM-3, FBM-4, FBM-10, FBM-16, FBM-19</sup> | missing (0/3 seeds) | missing | n/a |" \
+        in md  # ours, Δ FedAvg, FedBM; a FedProx row: also FedProx's optimiser (FBM-19)
     # Central runs once per seed and fills both beta columns
     c = cells[("Central", 0.1, "accuracy")]
     assert c["mean"] == pytest.approx(91.0) and c["expected"] == 3
