@@ -135,23 +135,30 @@ class Killed(Exception):
     """Raised by a patched checkpointer to simulate a run killed after a checkpoint."""
 
 
+def kill_after(tiny_cfg, monkeypatch, round_idx: int, **cfg) -> None:
+    """Run ``tiny_cfg(**cfg)`` in this process, killed (``Killed``) right after it checkpoints ``round_idx``."""
+    from bench.checkpoint import Checkpointer
+
+    original = Checkpointer.save
+
+    def save_then_die(self, r, snapshot, clients):
+        original(self, r, snapshot, clients)
+        if r == round_idx:
+            raise Killed
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    with pytest.raises(Killed):
+        run_in_process(tiny_cfg(**cfg))
+    monkeypatch.setattr(Checkpointer, "save", original)
+
+
 def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1):
     """Run ``base`` uninterrupted, then killed right after checkpointing round ``kill_after_round``
     and resumed; assert both end with identical state and history. Returns (resumed record, cfg)."""
     from bench.checkpoint import Checkpointer
 
     full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == kill_after_round:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**base, experiment="killed"))
-    monkeypatch.setattr(Checkpointer, "save", original)
+    kill_after(tiny_cfg, monkeypatch, kill_after_round, **base, experiment="killed")
     cfg = tiny_cfg(**base, experiment="killed", resume=True)
     assert Checkpointer(cfg, None).latest().name == f"round_{kill_after_round:05d}"
     resumed_rec, resumed_state = run_in_process(cfg)

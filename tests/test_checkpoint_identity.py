@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import REPO, Killed, max_state_diff, run_in_process
+from conftest import REPO, kill_after, max_state_diff, run_in_process
 
 from bench.checkpoint import Checkpointer
 from bench.records import find_record
@@ -20,18 +20,6 @@ A = {"fed.rounds": 8, "checkpoint_every": 1, "experiment": "shared"}
 B = {"fed.rounds": 2, "method.lr": 0.02, "checkpoint_every": 1, "experiment": "shared"}
 
 
-def kill_after(tiny_cfg, monkeypatch, round_idx: int, **cfg):
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == round_idx:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**cfg))
-    monkeypatch.setattr(Checkpointer, "save", original)
 
 
 def contents(folder) -> dict[str, bytes]:

@@ -7,27 +7,21 @@ Tolerance: the code computes in float32, so do we; values match to rel 1e-5 / ab
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from golden_values import assert_close, load_golden, tensor
 
 from bench.aggregation import RoundBuffer
 from lightning_modules.components.clip_heads import FeatureAttention
 from lightning_modules.components.clip_losses import clip_contrastive_loss, lmmd_loss
 from lightning_modules.facmic import facmic_domain_loss, facmic_lmmd, facmic_pseudo_labels
 
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "facmic.json").read_text())
+GOLDEN = load_golden("facmic")
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def tensor(values, dtype=torch.float32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
-
-
 def close(got: torch.Tensor, expected, atol: float = ATOL) -> None:
-    torch.testing.assert_close(got.detach().double(), tensor(expected, torch.float64), rtol=RTOL, atol=atol)
+    assert_close(got, expected, RTOL, atol)
 
 
 def attention(state: dict, dim: int) -> FeatureAttention:

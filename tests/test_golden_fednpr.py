@@ -13,14 +13,13 @@ Tolerance: float32 inputs, rel 1e-5 / abs 1e-6.
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from golden_values import assert_close, load_golden, tensor
 from torch import nn
 
 from lightning_modules.base import matches_prefix
@@ -28,16 +27,12 @@ from lightning_modules.components import npr
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
 from lightning_modules.fednpr_per import FedNPRPer
 
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "fednpr.json").read_text())
+GOLDEN = load_golden("fednpr")
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def tensor(values, dtype=torch.float32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
-
-
 def close(got: torch.Tensor, expected, atol: float = ATOL) -> None:
-    torch.testing.assert_close(got.detach().double(), tensor(expected, torch.float64), rtol=RTOL, atol=atol)
+    assert_close(got, expected, RTOL, atol)
 
 
 def tiny_net(state: dict) -> tuple[nn.Linear, nn.Linear]:
