@@ -87,9 +87,6 @@ class FedBM(FedCB):
                  use_dis: bool = True, condition: str = "concept", augment_synthetic: bool = True,
                  **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.distribution is None:
-            raise FedbenchError("FedBM's generator is conditioned on the concept distributions: use classifier "
-                                "'distribution' or 'embedding_average' (random_frozen is a FedCB ablation).")
         if condition not in CONDITIONS:
             raise FedbenchError(f"FedBM's condition must be one of {', '.join(CONDITIONS)}, got {condition!r}.")
         if not (use_sem or use_div or use_dis):
