@@ -25,6 +25,7 @@ from official_layouts import (
     write_kvasir,
     write_medmnist,
 )
+from tqdm import tqdm
 
 from bench.cli import main
 from bench.reporting.data_command import availability, table_datasets
@@ -217,8 +218,11 @@ def test_an_interrupted_download_resumes_with_a_range_request(tmp_path, server, 
     part = home / DOWNLOADS / f"{archive.name}.part"
     assert part.stat().st_size == 1000 and part.read_bytes() == archive.read_bytes()[:1000]
     assert not (home / "cifar-10-batches-py").exists() and leftovers(home) == []
-    assert get(home, "cifar10", server, "--checksums", str(sums)) == 0
+    assert get(home, "cifar10", server, "--checksums", str(sums), "--progress", "true") == 0
     assert server.log[-1] == (archive.name, "bytes=1000-", size - 1000)  # only the rest was sent
+    bar = capsys.readouterr().err
+    start, total = tqdm.format_sizeof(1000, divisor=1024), tqdm.format_sizeof(size, divisor=1024)
+    assert f"{archive.name}: " in bar and f"{start}/{total}" in bar, bar  # the bar starts where the part ended
     assert load("cifar10", tmp_path) == count
     assert not (home / DOWNLOADS).exists()
 
@@ -358,3 +362,17 @@ def test_the_table_targets_fetch_the_data_first(tmp_path, server, monkeypatch):
     argv = ["data", "get", "--table", str(REPO / "configs/tables/table2_kvasir.yaml"), "--mirror", server.url,
             "--progress", "false"]
     assert main(argv) == 0 and (home / "kvasir-dataset-v2" / "polyps").is_dir()
+
+
+def test_the_docs_list_every_source_with_its_recorded_checksums():
+    """docs/data.md's table is the sources table: each dataset with how it is got, where it goes, and every
+    checksum recorded for it."""
+    docs = (REPO / "docs" / "data.md").read_text()
+    for name, source in SOURCES.items():
+        how = "fetchable" if source.fetchable else "manual"
+        row = next((line for line in docs.splitlines() if line.startswith(f"| `{name}` | {how} |")), None)
+        assert row is not None and f"`{source.target}" in row, name
+        for f in source.files:
+            for value in (f.sha256, f.md5):
+                assert value is None or value in row, (name, value)
+    assert "fedbench data get" in (REPO / "README.md").read_text()
