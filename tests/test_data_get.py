@@ -5,8 +5,10 @@ archive, a failed request; after every failure nothing is half-unpacked. The URL
 command's own --mirror / --checksums (a mirror and its sha256sum file), nothing is monkeypatched."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.server
+import os
 import re
 import tarfile
 import threading
@@ -29,10 +31,10 @@ from tqdm import tqdm
 
 from bench.cli import main
 from bench.reporting.data_command import availability, table_datasets
+from bench.reporting.data_sources import SOURCES
+from bench.reporting.download import DOWNLOADS, TOFU_FILE, UNPACK_PREFIX
 from datamodules.base import DATASETS
 from datamodules.data_home import locate
-from datamodules.download import DOWNLOADS, TOFU_FILE, UNPACK_PREFIX
-from datamodules.sources import SOURCES
 
 
 class Server:
@@ -376,3 +378,28 @@ def test_the_docs_list_every_source_with_its_recorded_checksums():
             for value in (f.sha256, f.md5):
                 assert value is None or value in row, (name, value)
     assert "fedbench data get" in (REPO / "README.md").read_text()
+
+
+def test_a_second_data_get_waits_for_the_first(tmp_path, server, monkeypatch, capsys):
+    """One `fedbench data get` at a time per data home (no two writers of one .part): a second one says it
+    waits, then downloads once the first has finished."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FEDBENCH_DATA", str(home))
+    count = official("cinic10", tmp_path, server.root)
+    fd = os.open(home, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first command, still running
+    threading.Timer(1.0, os.close, (fd,)).start()
+    assert get(home, "cinic10", server) == 0
+    assert f"waiting for another `fedbench data get` in {home}" in capsys.readouterr().err
+    assert load("cinic10", tmp_path) == count
+
+
+def test_the_data_sources_are_not_part_of_the_records_code_version():
+    """Downloading is reporting-layer code: editing a URL or checksum never makes a run record stale."""
+    from bench.code_version import source_files
+
+    hashed = {p.relative_to(REPO).as_posix() for p in source_files(REPO)}
+    assert "datamodules/kvasir.py" in hashed
+    assert not {"bench/reporting/download.py", "bench/reporting/data_sources.py",
+                "bench/reporting/data_command.py"} & hashed

@@ -2,7 +2,7 @@
 
 A dataset the loader already finds (under the data home, or at its default folder) is left alone. A
 fetchable one is downloaded with a progress bar, resumed after an interruption, checked against its
-recorded SHA-256 (and its authors' MD5) and unpacked atomically (datamodules/download.py). A dataset
+recorded SHA-256 (and its authors' MD5) and unpacked atomically (bench/reporting/download.py). A dataset
 behind a registration or a licence prints the exact steps and the command fails, so that `make table2`
 stops before the table. `--table CONFIG` gets every dataset the table config's runs read without an
 explicit data.root (the Makefile's table targets run it first). docs/data.md has the table of sources.
@@ -15,14 +15,17 @@ from pathlib import Path
 import yaml
 
 from bench.core.errors import FedbenchError
+from bench.reporting.data_sources import SOURCES
+from bench.reporting.download import MIRROR_ENV, ManualDatasetError, fetch, home_lock, read_checksums
 from bench.reporting.flags import FlagParser, to_bool
 from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
-from datamodules.download import MIRROR_ENV, ManualDatasetError, fetch, read_checksums
-from datamodules.sources import SOURCES
 
 
 def present_at(name: str, home: Path) -> Path | None:
-    """Where the loader of dataset ``name`` finds its files (data home, else its default folder), or None."""
+    """Where the loader of dataset ``name`` finds its files (data home, else its default folder), or None.
+    The name a source unpacks to is checked first, without importing the data modules (and torch)."""
+    if name in SOURCES and (home / SOURCES[name].target).exists():
+        return locate(home, (SOURCES[name].target,))
     from datamodules.base import DATASETS
 
     cls = DATASETS.get(name)
@@ -101,7 +104,8 @@ def main(argv: list[str]) -> int:
     names = list(args.names) + (table_datasets(args.table) if args.table else [])
     if not names:
         raise FedbenchError("fedbench data get: name at least one dataset (fedbench list shows them) or --table CONFIG.")
-    manual = [name for name in names if not get_one(name, home, args)]
+    with home_lock(home):  # one `data get` at a time per data home: never two writers of one .part
+        manual = [name for name in names if not get_one(name, home, args)]
     if manual:
         raise FedbenchError(f"{', '.join(manual)} must be fetched by hand: follow the steps above, then run the "
                             "same command again.")

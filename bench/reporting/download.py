@@ -1,6 +1,6 @@
 """`fedbench data get NAME`: download a public dataset into the data home, checked, resumable, unpacked atomically.
 
-1. Each file of the dataset's source (datamodules/sources.py) is downloaded to
+1. Each file of the dataset's source (bench/reporting/data_sources.py) is downloaded to
    ``<home>/.fedbench-downloads/<file>.part`` with a progress bar. A download that stops early (the
    connection drops, fewer bytes than announced) keeps its ``.part`` and is one error saying to run the
    command again: the next run asks for the rest (HTTP ``Range``) and appends it; a server that ignores
@@ -20,6 +20,8 @@ names (a mirror's own files). Nothing here imports torch.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import http.client
 import json
@@ -37,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.core.errors import FedbenchError
-from datamodules.sources import SOURCES, RemoteFile, Source
+from bench.reporting.data_sources import SOURCES, RemoteFile, Source
 
 MIRROR_ENV = "FEDBENCH_DATA_MIRROR"
 DOWNLOADS = ".fedbench-downloads"
@@ -249,17 +251,14 @@ def extract(archive: Path, layout: str, into: Path) -> None:
         if layout == "zip":
             with zipfile.ZipFile(archive) as zf:
                 safe_members(zf.namelist(), archive)
-                bad = zf.testzip()
-                if bad is not None:
-                    raise DownloadError(f"{archive.name} is damaged: member {bad!r} fails its CRC check.")
-                zf.extractall(into)
+                zf.extractall(into)  # a member failing its CRC check raises BadZipFile
         else:
             with tarfile.open(archive) as tf:
                 safe_members(tf.getnames(), archive)
                 tf.extractall(into, filter="data")
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as err:
         raise DownloadError(f"{archive.name} cannot be unpacked ({type(err).__name__}: {err}): the archive is "
-                            "damaged or truncated. Delete it from the server's mirror or run again.") from err
+                            "damaged or truncated. It was deleted; run again to download it afresh.") from err
 
 
 def staged(source: Source, files: dict[str, Path], tmp: Path) -> Path:
@@ -300,6 +299,25 @@ def install(source: Source, files: dict[str, Path], home: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+@contextlib.contextmanager
+def home_lock(home: Path):
+    """Hold an exclusive lock on the data home (flock on its folder) for a `fedbench data get`; a second one
+    waits, saying so, then finds the dataset present."""
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another `fedbench data get` in {home} to finish ...", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock (some NFS mounts): go on unlocked
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # ---- the command ---------------------------------------------------------------------------------------------
