@@ -403,3 +403,17 @@ def test_the_data_sources_are_not_part_of_the_records_code_version():
     assert "datamodules/kvasir.py" in hashed
     assert not {"bench/reporting/download.py", "bench/reporting/data_sources.py",
                 "bench/reporting/data_command.py"} & hashed
+
+
+def test_data_get_for_a_present_dataset_imports_no_training_stack(tmp_path):
+    """The command module and the presence check of a source's target load neither torch nor Lightning (the
+    table targets run it before every table)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "kvasir-dataset-v2").mkdir()
+    code = ("import sys; from pathlib import Path; from bench.reporting.data_command import present_at; "
+            f"print(present_at('kvasir', Path({str(tmp_path)!r})), 'torch' in sys.modules, 'lightning' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()
+    assert out == [str(tmp_path / "kvasir-dataset-v2"), "False", "False"]
