@@ -337,9 +337,12 @@ def test_a_manual_dataset_prints_its_steps(tmp_path, monkeypatch, capsys):
     assert not home.exists() or list(home.iterdir()) == []
 
 
-def test_unknown_names_and_no_names_are_one_error(tmp_path, capsys):
-    assert main(["data", "get", "kvasr", "--data-home", str(tmp_path)]) == 2
-    assert "Did you mean 'kvasir'" in capsys.readouterr().err
+def test_unknown_names_and_no_names_are_one_error(tmp_path, server, capsys):
+    official("pbc", tmp_path, server.root)
+    assert main(["data", "get", "pbc", "kvasr", "--data-home", str(tmp_path / "home"), "--mirror", server.url]) == 2
+    assert "Did you mean 'kvasir'" in capsys.readouterr().err and server.log == []
+    assert get(tmp_path / "home", "pbc", server, "--checksums", str(tmp_path / "none")) == 2
+    assert "Cannot read the checksums file" in capsys.readouterr().err and server.log == []
     assert main(["data", "get", "--data-home", str(tmp_path)]) == 2
     assert "name at least one dataset" in capsys.readouterr().err
 

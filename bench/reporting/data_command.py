@@ -59,6 +59,16 @@ def table_datasets(path: str) -> list[str]:
     return names
 
 
+def check_names(names: list[str]) -> None:
+    """Every name a dataset (an unknown one: the registry's error, with the closest names)."""
+    unknown = [name for name in names if name not in SOURCES]
+    if unknown:
+        from datamodules.base import DATASETS
+
+        for name in unknown:
+            DATASETS.get(name)
+
+
 def get_one(name: str, home: Path, args) -> bool:
     """Make dataset ``name`` present; False when it needs the manual steps printed."""
     found = present_at(name, home)  # also: an unknown name is an error with the closest ones
@@ -69,8 +79,7 @@ def get_one(name: str, home: Path, args) -> bool:
         print(f"{name}: nothing to download (generated, or your own folder via --data.root)")
         return True
     try:
-        checksums = read_checksums(args.checksums) if args.checksums else None
-        dest = fetch(name, home, mirror=args.mirror, checksums=checksums, progress=args.progress)
+        dest = fetch(name, home, mirror=args.mirror, checksums=args.checksums, progress=args.progress)
     except ManualDatasetError as err:
         print(str(err))
         return False
@@ -104,6 +113,8 @@ def main(argv: list[str]) -> int:
     names = list(args.names) + (table_datasets(args.table) if args.table else [])
     if not names:
         raise FedbenchError("fedbench data get: name at least one dataset (fedbench list shows them) or --table CONFIG.")
+    check_names(names)  # bad input is one error before anything is downloaded
+    args.checksums = read_checksums(args.checksums) if args.checksums else None
     with home_lock(home):  # one `data get` at a time per data home: never two writers of one .part
         manual = [name for name in names if not get_one(name, home, args)]
     if manual:
