@@ -293,6 +293,8 @@ def test_the_first_download_records_its_sha256_and_later_ones_are_checked(tmp_pa
     official("kvasir", tmp_path, server.root)
     first = hashlib.sha256((server.root / "kvasir-dataset-v2.zip").read_bytes()).hexdigest()
     assert get(home, "kvasir", server) == 0
+    assert (f"kvasir: kvasir-dataset-v2.zip has no published SHA-256: recorded {first} in {home / TOFU_FILE}"
+            in capsys.readouterr().out)
     record = (home / TOFU_FILE).read_text()
     assert f'"sha256": "{first}"' in record and server.url in record
     (home / "kvasir-dataset-v2").rename(tmp_path / "moved-away")

@@ -224,13 +224,16 @@ def verify(f: RemoteFile, path: Path, home: Path) -> str:
     return sha
 
 
-def record_first_use(home: Path, files: list[RemoteFile], shas: dict[str, str]) -> None:
+def record_first_use(home: Path, files: list[RemoteFile], shas: dict[str, str], say: Callable[[str], None]) -> None:
     """Write the SHA-256 of each file that has none recorded in the project (atomically)."""
     record = tofu_record(home)
     new = {f.name: {"sha256": shas[f.name], "url": f.urls[0]} for f in files
            if not f.sha256 and f.name not in record}
     if not new:
         return
+    for name, entry in new.items():
+        say(f"{name} has no published SHA-256: recorded {entry['sha256']} in {home / TOFU_FILE} (later downloads "
+            "into this data home must match it)")
     fd, tmp = tempfile.mkstemp(dir=home, prefix=f"{TOFU_FILE}.", suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         json.dump(record | new, fh, indent=1, sort_keys=True)
@@ -340,11 +343,12 @@ def fetch(name: str, home: Path, mirror: str | None = None, checksums: dict[str,
     home.mkdir(parents=True, exist_ok=True)
     folder = home / DOWNLOADS
     try:
-        shas = {f.name: verified_download(f, folder, home, progress, say) for f in files}
+        tell = lambda text: say(f"{name}: {text}")
+        shas = {f.name: verified_download(f, folder, home, progress, tell) for f in files}
         done = {f.name: folder / f"{f.name}.part" for f in files}
         try:
             dest = install(source, done, home)
-            record_first_use(home, files, shas)
+            record_first_use(home, files, shas, tell)
         finally:  # a download that did not unpack is not resumed either: the next run starts afresh
             for path in done.values():
                 path.unlink(missing_ok=True)
