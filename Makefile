@@ -46,7 +46,7 @@ data:
 install: $(VENV)/.installed data
 
 # Before a table: `fedbench data get --table CONFIG` downloads (checked, resumable) every public dataset the config
-# reads that the data home ($$FEDBENCH_DATA, else ./data) lacks, or prints the steps for one behind a registration
+# reads that the data home ($FEDBENCH_DATA, else ./data) lacks, or prints the steps for one behind a registration
 # and stops (docs/data.md). Skipped with FETCH=0, or when ARGS points the runs elsewhere (data.root, --data-home).
 FETCH ?= 1
 fetch-data = $(if $(filter 1,$(FETCH)),$(if $(findstring data.root,$(ARGS))$(findstring data-home,$(ARGS))$(findstring data_home,$(ARGS)),,$(BIN)/fedbench data get --table $(1)))
