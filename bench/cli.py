@@ -1,4 +1,4 @@
-"""`fedbench` command: list what there is, run one experiment, run/render a table, check the regression set,
+"""`fedbench` command: list what there is, fetch a dataset, run one experiment, run/render a table, check the regression set,
 or time the hot loop.
 
     fedbench list                                   # methods (paper, one line), datasets (path under the data home), partition schemes
@@ -9,6 +9,7 @@ or time the hot loop.
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
     fedbench dashboard --config configs/tables/table2_fashion-mnist.yaml  # a W&B workspace + report for the table
+    fedbench data get kvasir [--data-home /data]    # download, check and unpack a public dataset (docs/data.md)
     fedbench bench
 
 Every command takes either spelling of a flag (--output-dir or --output_dir, --data.max-train-samples or
@@ -180,7 +181,7 @@ def run_command(argv: list[str]) -> int:
     return 2
 
 
-COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "bench")
+COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "data", "bench")
 
 
 def command_module(command: str):
@@ -196,6 +197,8 @@ def command_module(command: str):
         from bench.reporting import coverage as module
     elif command == "dashboard":
         from bench.reporting import dashboard as module
+    elif command == "data":
+        from bench.reporting import data_command as module
     elif command == "bench":
         from bench.reporting import perf as module
     else:

@@ -40,7 +40,8 @@ def test_list_names_every_registered_method_dataset_and_scheme(tmp_path, capsys)
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "McMahan" in lines["fedavg"] and "FedProx (Li et al., 2020)" in lines["fedprox"]  # the paper, one line
     assert "kvasir-dataset-v2/" in lines["kvasir"] and f"found at {tmp_path.resolve()}/kvasir-dataset-v2" in lines["kvasir"]
-    assert "missing" in lines["oct-c8"] and "OCT-C8/" in lines["oct-c8"]
+    assert "manual" in lines["oct-c8"] and "OCT-C8/" in lines["oct-c8"]  # present / fetchable / manual
+    assert "fetchable" in lines["cifar10"] and "present" in lines["kvasir"]
     assert "near-equal parts" in lines["iid"]
     assert str(tmp_path.resolve()) in out.splitlines()[len(METHODS.names()) + 2]  # the data home the paths are under
 

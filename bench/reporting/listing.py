@@ -1,5 +1,6 @@
 """`fedbench list`: every registered method with the paper it follows (one line), every dataset with where
-it is looked for under the data home, and the partition schemes.
+it is looked for under the data home and whether it is present, fetchable (`fedbench data get NAME`) or
+manual (the same command prints the steps), and the partition schemes.
 
 Read from the registries (``METHODS``, ``DATASETS``, ``PARTITION_SCHEMES``) and the docstrings of
 the code that implements them, so a new method, dataset or scheme is listed without editing this file.
@@ -15,9 +16,10 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+from bench.reporting.data_command import availability, present_at
 from bench.reporting.flags import FlagParser
 from datamodules.base import DATASETS
-from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
+from datamodules.data_home import DATA_HOME_ENV, data_home, set_data_home
 from datamodules.partitions import PARTITION_SCHEMES
 from lightning_modules.base import METHODS
 
@@ -65,7 +67,7 @@ def shown_entry(entry: str) -> str:
 
 
 def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
-    """Dataset name -> (found / missing / -, its classes, where it is looked for)."""
+    """Dataset name -> (present / fetchable / manual / -, its classes, where it is looked for)."""
     out = {}
     for name in DATASETS.names():
         cls = DATASETS.get(name)
@@ -75,16 +77,13 @@ def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
             where = " or ".join(shown_entry(e) for e in cls.home_entries)
             if cls.default_root:
                 where += f" (else {cls.default_root})"
-            found = locate(home, cls.home_entries)
-            if found is None and cls.default_root and Path(cls.default_root).expanduser().exists():
-                found = Path(cls.default_root).expanduser()
-            status = "found" if found else "missing"
+            found = present_at(name, home)
             where += f": found at {found}" if found else ""
         elif cls.download_hint:
-            status, where = "-", "--data.root DIR (not looked for under the data home)"
+            where = "--data.root DIR (not looked for under the data home)"
         else:
-            status, where = "-", "needs no files"
-        out[name] = (status, count, where)
+            where = "needs no files"
+        out[name] = (availability(name, home), count, where)
     return out
 
 
@@ -117,7 +116,8 @@ def listing(home: Path | None = None) -> str:
     return "\n".join([
         f"Methods ({len(methods)}; --method.name NAME):", *table(methods), "",
         (f"Datasets ({len(datasets)}; --data.name NAME), looked for under the data home {home} "
-         f"(--data-home DIR or ${DATA_HOME_ENV}; an explicit --data.root wins):"), *table(datasets), "",
+         f"(--data-home DIR or ${DATA_HOME_ENV}; an explicit --data.root wins); fetchable: `fedbench data get "
+         "NAME` downloads it, manual: it prints the steps:"), *table(datasets), "",
         f"Partition schemes ({len(schemes)}; --partition.scheme NAME):", *table(schemes),
     ])
 
