@@ -109,10 +109,12 @@ bench-table2: install
 gpu-check: install
 	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
 
-# Delete what runs write and git does not track (run records, checkpoints, W&B files); keeps results/paper,
-# results/reference and the committed tables
+# Delete what runs write and git does not track (run records, checkpoints, W&B files, reduced tables under
+# results/tables/reduced/ and the __reduced-<hash> files older versions wrote beside the tables); keeps
+# results/paper, results/reference and the committed tables
 clean-results:
-	rm -rf results/runs results/checkpoints results/wandb results/bench
+	rm -rf results/runs results/checkpoints results/wandb results/bench results/tables/reduced
+	rm -f results/tables/*__reduced-*
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

@@ -208,6 +208,7 @@ SLOW_FILES = {
     "test_smoke_tables.py",
     "test_speed_options.py",
     "test_table_jobs.py",
+    "test_table_output.py",
     "test_table_shard.py",
     "test_table_uncertainty.py",
     "test_thread_layout.py",
