@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
+.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -45,11 +45,16 @@ data:
 
 install: $(VENV)/.installed data
 
+# The first run, under a minute on a laptop CPU: FedAvg on sklearn's digits (no download), 4 clients, 3 rounds
+# (configs/experiments/quick.yaml; any `fedbench run` flag in ARGS, e.g. ARGS="--method.name fedprox")
+quick: install
+	$(OFFLINE) $(BIN)/fedbench run --config configs/experiments/quick.yaml $(ARGS)
+
 table2: install
 	$(BIN)/fedbench table --config configs/tables/table2_$(DATASET).yaml $(ARGS)
 
 # The W&B workspace + report of table2 (its runs logged with `make table2 ARGS=--wandb`): saved with a
-# W&B key, else written as JSON under results/dashboards (README "Compare in W&B")
+# W&B key, else written as JSON under results/dashboards (docs/wandb.md)
 dashboard: install
 	$(BIN)/fedbench dashboard --config configs/tables/table2_$(DATASET).yaml $(ARGS)
 
