@@ -81,3 +81,15 @@ def test_every_link_between_the_readme_and_docs_resolves():
             if not file.exists() or (fragment and fragment not in headings):
                 broken.append(f"{page}: {target}")
     assert not broken
+
+
+def test_the_reduced_table_path_shown_is_the_one_written():
+    """docs/tables.md's example of a reduced table is what `--set fed.rounds=2 --seeds 0` on table2_kvasir writes."""
+    from bench.reporting.table_overrides import TableOverrides
+
+    spec = load_table_config("configs/tables/table2_kvasir.yaml")
+    ov = TableOverrides.parse(spec, ["fed.rounds=2"], "0", None)
+    path = f"{ov.tables_dir('results/tables')}/{ov.table_name('table2_kvasir')}.md"
+    assert path == "results/tables/reduced/table2_kvasir__set-fed.rounds=2_seeds-0.md"
+    assert 'ARGS="--set fed.rounds=2 --seeds 0"` (written as `' + path in text("docs/tables.md")
+    assert 'ARGS="--set fed.rounds=2 --seeds 0"` (a reduced table, written under `results/tables/reduced/`' in text("README.md")
