@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
+.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -51,12 +51,17 @@ install: $(VENV)/.installed data
 FETCH ?= 1
 fetch-data = $(if $(filter 1,$(FETCH)),$(if $(findstring data.root,$(ARGS))$(findstring data-home,$(ARGS))$(findstring data_home,$(ARGS)),,$(BIN)/fedbench data get --table $(1)))
 
+# The first run, under a minute on a laptop CPU: FedAvg on sklearn's digits (no download), 4 clients, 3 rounds
+# (configs/experiments/quick.yaml; any `fedbench run` flag in ARGS, e.g. ARGS="--method.name fedprox")
+quick: install
+	$(OFFLINE) $(BIN)/fedbench run --config configs/experiments/quick.yaml $(ARGS)
+
 table2: install
 	$(call fetch-data,configs/tables/table2_$(DATASET).yaml)
 	$(BIN)/fedbench table --config configs/tables/table2_$(DATASET).yaml $(ARGS)
 
 # The W&B workspace + report of table2 (its runs logged with `make table2 ARGS=--wandb`): saved with a
-# W&B key, else written as JSON under results/dashboards (README "Compare in W&B")
+# W&B key, else written as JSON under results/dashboards (docs/wandb.md)
 dashboard: install
 	$(BIN)/fedbench dashboard --config configs/tables/table2_$(DATASET).yaml $(ARGS)
 
@@ -121,10 +126,12 @@ bench-table2: install
 gpu-check: install
 	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
 
-# Delete what runs write and git does not track (run records, checkpoints, W&B files); keeps results/paper,
-# results/reference and the committed tables
+# Delete what runs write and git does not track (run records, checkpoints, W&B files, reduced tables under
+# results/tables/reduced/ and the __reduced-<hash> files older versions wrote beside the tables); keeps
+# results/paper, results/reference and the committed tables
 clean-results:
-	rm -rf results/runs results/checkpoints results/wandb results/bench
+	rm -rf results/runs results/checkpoints results/wandb results/bench results/tables/reduced
+	rm -f results/tables/*__reduced-*
 
 lint: install
 	$(BIN)/ruff check bench lightning_modules datamodules tests

@@ -5,6 +5,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -83,6 +84,13 @@ class RunObserver:
         """The run is over: exit code 0 after ``summary``, 1 when it raised."""
 
 
+def quiet_lightning() -> None:
+    """Lightning's start-up lines at INFO ("Initializing distributed: GLOBAL_RANK ...", the "All distributed
+    processes registered" banner, "GPU available: ...") are not shown; its warnings and errors are."""
+    for name in ("lightning.fabric", "lightning.pytorch", "lightning_fabric", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     """Fabric on cfg.devices ranks per node (resolved to an int, bench/workers.py) x cfg.num_nodes nodes.
     Under torchrun or SLURM, Fabric takes the ranks from the launcher's environment
@@ -90,6 +98,7 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     its own GPU, bench/cluster.py) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
+    quiet_lightning()
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
         prepare_master_port(cfg.num_nodes)  # a busy MASTER_PORT: one line, before any rank starts

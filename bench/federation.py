@@ -31,6 +31,8 @@ from lightning_modules.base import (
 CLIENT_METRICS = "__client_metrics"  # per-client metric sums ride in the round's one buffer
 RANK_BUSY = "__rank_busy_seconds"  # each rank's seconds of work before the all-reduce (its own slot)
 RANK_SAMPLES = "__rank_samples"  # each rank's samples trained this round
+# the round bar's postfix: which split each number is from (val and test accuracy side by side)
+BAR_KEYS = {"val/accuracy": "val_acc", "test/accuracy": "test_acc", "test/balanced_accuracy": "test_bacc"}
 TRAIN_LOSS = "__train_loss"  # [sum of loss x batch size, samples] over the round's local steps
 TERM_LOSS = "__term_loss/"  # + an objective term's name: the same for that term (logged as method/<name>_loss)
 
@@ -350,9 +352,7 @@ class Federation:
             entry = vars(log)
             self.history.append(entry)
             if log.metrics:  # (on_round_end logs the round: bench/experiment.py log_round)
-                shown = {k.split("/")[-1]: f"{v:.1f}" for k, v in log.metrics.items()
-                         if k in ("val/accuracy", "test/accuracy", "test/balanced_accuracy")}
-                bar.set_postfix(shown)
+                bar.set_postfix({BAR_KEYS[k]: f"{v:.1f}" for k, v in log.metrics.items() if k in BAR_KEYS})
             if self.on_round_end is not None:
                 self.on_round_end(entry)
             if self.checkpointer.due(r):

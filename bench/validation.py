@@ -366,7 +366,7 @@ def check_launcher(cfg: RunConfig) -> None:
 
     launch = ("torchrun --nnodes <num_nodes> --nproc-per-node <devices> --node-rank <this node> --master-addr "
               "<node 0> --master-port <port> -m bench.cli run ... --devices <devices> --num_nodes <num_nodes> on "
-              "every node, or srun under SLURM (README, 'Several machines')")
+              "every node, or srun under SLURM (docs/scaling.md, 'Several machines')")
     if cfg.devices == "auto":
         from bench.workers import launcher_ranks_per_node
 
@@ -479,7 +479,7 @@ def check_cpu_ranks(cfg: RunConfig, on_cpu: bool) -> None:
     if cfg.devices > cores:
         raise FedbenchError(f"--devices {cfg.devices} would start {cfg.devices} CPU ranks (processes), but this machine "
                             f"has {cores} core(s) for them: use --devices {cores} or fewer (--devices auto: one "
-                            "rank per core; the numbers are the same for any --devices, README 'Speed').")
+                            "rank per core; the numbers are the same for any --devices, docs/speed.md).")
 
 
 def validate_config(cfg: RunConfig) -> None:

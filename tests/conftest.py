@@ -201,6 +201,7 @@ SLOW_FILES = {
     "test_rank_balance.py",
     "test_rank_invariance.py",
     "test_rank_launch.py",
+    "test_readme_quickstart.py",
     "test_record_identity.py",
     "test_regression.py",
     "test_resume_safety.py",
@@ -208,6 +209,7 @@ SLOW_FILES = {
     "test_smoke_tables.py",
     "test_speed_options.py",
     "test_table_jobs.py",
+    "test_table_output.py",
     "test_table_shard.py",
     "test_table_uncertainty.py",
     "test_thread_layout.py",
@@ -220,13 +222,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+DOC_PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
+
+
+def doc_section(heading: str) -> str:
+    """The text under ``## <heading>`` in the README or the docs/ page that has it, to the next ``## ``."""
+    for page in DOC_PAGES:
+        text = (REPO / page).read_text()
+        if f"\n## {heading}\n" in text:
+            return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    raise AssertionError(f"no page of the README or docs/ has a section '## {heading}'")
+
+
 def readme_module(heading: str, tmp_path: Path, name: str):
-    """The first ```python block under the README's ``## <heading>``, saved as ``<name>.py`` and imported
+    """The first ```python block under ``## <heading>`` (README or docs/), saved as ``<name>.py`` and imported
     (what a reader who copies it into a file of their own gets)."""
     import importlib.util
     import re
 
-    section = (REPO / "README.md").read_text().split(f"## {heading}", 1)[1]
+    section = doc_section(heading)
     path = tmp_path / f"{name}.py"
     path.write_text(re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1))
     spec = importlib.util.spec_from_file_location(name, path)

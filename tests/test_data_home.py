@@ -90,8 +90,9 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
     assert {a["text_encoder"] for a in fedbm.values()} == {"minilm"}
 
     # the table is filed under its own name and says it is reduced
-    tables = sorted(p.name for p in (tmp_path / "tables").glob("*.md"))
-    assert len(tables) == 1 and tables[0].startswith("table2_kvasir__reduced-")
+    tables = sorted(str(p.relative_to(tmp_path / "tables")) for p in (tmp_path / "tables").rglob("*.md"))
+    assert tables == [("reduced/table2_kvasir__set-fed.rounds=1_set-data.image_size=16_set-method.args.text_encoder="
+                       "minilm_set-partition.num_clients=3_seeds-0_rows-FedAvg,FedBM.md")]
     md = (tmp_path / "tables" / tables[0]).read_text()
     assert md.splitlines()[0].endswith("REDUCED RUN, not the config's budget")
     assert "- --set fed.rounds=1" in md and "- seeds [0] of the config's [0, 1, 2]" in md

@@ -258,7 +258,7 @@ def test_folds_option_runs_only_those_folds_as_a_reduced_table(tmp_path, capsys)
                if not p.is_symlink()]
     assert sorted((r["method"], r["config"]["data"]["fold"], r["config"]["data"]["folds"]) for r in records) == \
         [("fedavg", 1, 3), ("fedprox", 1, 3)]
-    (md_path,) = (tmp_path / "tables").glob("foldcheck_digits__reduced-*.md")
+    md_path = tmp_path / "tables" / "reduced" / "foldcheck_digits__folds-1.md"
     md = md_path.read_text()
     assert not (tmp_path / "tables" / "foldcheck_digits.md").exists()
     assert "mean ± std over fold 1 of the 3 folds (3-fold cross-validation, seed 0)" in md.splitlines()[0]

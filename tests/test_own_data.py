@@ -76,7 +76,7 @@ def test_lkcc_methods_default_prompts_are_folder_names_and_generic_templates(met
     assert [str(n.message) for n in notices] == [
         (f"dataset 'class-folder' has no prompt set: {method} uses its class names as concepts ('blorp', "
         "'quux gland', 'zentrix') and 10 generic templates ('a photo of {}.', ...). To give your own, pass "
-        "method.args.prompts: my_prompts.yaml (see README, 'Your own data').")]
+        "method.args.prompts: my_prompts.yaml (see docs/own-data.md).")]
     concepts = ["blorp", "quux gland", "zentrix"]  # underscores read as spaces
     assert record["class_names"] == CLASSES
     assert record["prompts"] == {"concepts": concepts, "templates": list(P.GENERIC_TEMPLATES),

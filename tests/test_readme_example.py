@@ -7,13 +7,13 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, run_in_process
+from conftest import doc_section, run_in_process
 
 from lightning_modules.base import METHODS
 
 
 def readme_examples() -> list[str]:
-    section = (REPO / "README.md").read_text().split("## Adding a method", 1)[1].split("\n## ", 1)[0]
+    section = doc_section("Adding a method (contributing)")
     return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, doc_section
 from official_layouts import write_class_tree
 
 from bench.cli import main
@@ -23,8 +23,7 @@ BUDGET = {"base": {"data": {"image_size": 8}, "method": {"backbone": "simple-cnn
 
 
 def readme_blocks(section: str, lang: str) -> list[str]:
-    text = (REPO / "README.md").read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{lang}\n(.*?)```", text, re.DOTALL)
+    return re.findall(rf"```{lang}\n(.*?)```", doc_section(section), re.DOTALL)
 
 
 def test_readme_own_data_runs_as_written(tmp_path, monkeypatch, capsys):
@@ -68,11 +67,15 @@ def test_readme_own_data_runs_as_written(tmp_path, monkeypatch, capsys):
 
 
 def test_readme_first_screen_is_the_committed_table():
-    readme = (REPO / "README.md").read_text()
-    first = readme.split("## Install", 1)[0]
-    assert "make table2" in first and "make test" in first
+    """The README's first screen: the quick run, the two commands and the committed curves; the excerpt of the
+    committed table in docs/results.md (which the README links) is that table."""
+    first = (REPO / "README.md").read_text().split("\n## ", 2)[1]
+    assert "make quick" in first and "make table2" in first and "make test" in first
     assert "![test accuracy per round, one panel per method](results/tables/table2_fashion-mnist_curves.png)" in first
+    assert "[docs/results.md](docs/results.md)" in first
     assert (REPO / "results" / "tables" / "table2_fashion-mnist_curves.png").exists()
+    first = doc_section("The default comparison: table2 on Fashion-MNIST")
+    assert "![test accuracy per round, one panel per method](../results/tables/table2_fashion-mnist_curves.png)" in first
     table = (REPO / "results" / "tables" / "table2_fashion-mnist.md").read_text()
     rows = {line.split(" | ")[0][2:].split(" <sup>")[0]: line.strip("| \n").split(" | ")  # label less its departure ids
             for line in table.splitlines() if line.startswith("| ")}

@@ -99,7 +99,8 @@ def test_a_tiny_config_runs_and_its_table_is_checked(tmp_path, monkeypatch):
     (tmp_path / "home").mkdir()
     result = run_config(config, tmp_path / "home", tmp_path)
     assert result.ok, result.problem
-    assert result.runs == 2 and Path(result.table).name.startswith("tiny_digits__reduced-")
+    assert result.runs == 2 and Path(result.table).name.startswith("tiny_digits__set-")
+    assert Path(result.table).parent.name == "reduced"
     records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/*.json")]
     assert sorted(r["backbone"] for r in records) == ["simple-cnn (from scratch)",
                                                        "simple-cnn (from scratch) + text encoder minilm"]

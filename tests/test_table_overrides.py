@@ -3,9 +3,12 @@ overridden runs in their own experiment with their overrides, and a reduced tabl
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from test_tables import SPEC, fake_record
 
 from bench.cli import main
@@ -95,14 +98,16 @@ def test_where_records_and_tables_go():
     assert {r.cfg.experiment for r in full_runs} == {name} and full.table_name(name) == name
     # budget changes: own experiment (never the full records), own table file
     assert {r.cfg.experiment for r in budget_runs} == {budget.experiment(name)} != {name}
-    assert budget.experiment(name).startswith(f"{name}__set-") and budget.table_name(name).startswith(f"{name}__reduced-")
+    assert budget.experiment(name).startswith(f"{name}__set-") and budget.table_name(name) == f"{name}__set-fed.rounds=1"
     assert planned(SPEC, "fed.rounds=2")[0].experiment(name) != budget.experiment(name)
     # where the data is / how runs execute: the config's budget, same records and table
     assert location.full_budget and {r.cfg.experiment for r in location_runs} == {name}
     assert location.table_name(name) == name and location.record() == {"overrides": location.sets}
     # a seed subset reuses the full records (same runs) but is filed as a reduced table
     assert {r.cfg.experiment for r in subset_runs} == {name} and subset.table_name(name) != name
-    assert subset.table_name(name) != budget.table_name(name)
+    assert subset.table_name(name) == f"{name}__seeds-0" != budget.table_name(name)
+    assert full.tables_dir("results/tables") == location.tables_dir("results/tables") == "results/tables"
+    assert subset.tables_dir("results/tables") == budget.tables_dir("results/tables") == "results/tables/reduced"
 
 
 def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
@@ -110,7 +115,7 @@ def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
     def render(ov, runs):
         for run in runs:
             write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
-        return render_table(ov.select(SPEC), runs, str(tmp_path / "tables"), name=ov.table_name("table2_kvasir"),
+        return render_table(ov.select(SPEC), runs, ov.tables_dir(str(tmp_path / "tables")), name=ov.table_name("table2_kvasir"),
                             changes=ov.describe(SPEC), reduced=not ov.full_budget)
 
     full_paths = render(*planned(SPEC, out=str(tmp_path / "runs")))
@@ -119,7 +124,8 @@ def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
                        out=str(tmp_path / "runs"))
     paths = render(ov, runs)
     assert Path(full_paths["md"]).read_text() == full_md  # the full table is untouched
-    assert paths["md"] != full_paths["md"] and Path(paths["md"]).name.startswith("table2_kvasir__reduced-")
+    assert Path(paths["md"]) == (tmp_path / "tables" / "reduced" /
+                                 'table2_kvasir__set-fed.rounds=1_set-method.backbone=simple-cnn_seeds-0_rows-FedAvg.md')
     assert full_md.splitlines()[0] == "# table2_kvasir" and "budget" not in full_md
     md = Path(paths["md"]).read_text().splitlines()
     assert md[0] == "# table2_kvasir — REDUCED RUN, not the config's budget"
@@ -142,7 +148,37 @@ def test_cli_records_carry_the_overrides_and_the_subset_reuses_nothing_it_should
                  "--tables-dir", "tables", "--output-dir", "runs"]) == 0
     out = capsys.readouterr().out
     assert "REDUCED RUN" in out and "missing (0/1 seeds)" in out
-    assert next((tmp_path / "tables").glob("*.md")).name.startswith("table2_kvasir__reduced-")
+    assert [p.name for p in (tmp_path / "tables").rglob("*.md")] == ["table2_kvasir__set-fed.rounds=1_seeds-0.md"]
+    assert (tmp_path / "tables" / "reduced" / "table2_kvasir__set-fed.rounds=1_seeds-0.md").is_file()
     assert not (tmp_path / "runs").exists()
     assert main(["table", "--config", str(config), "--set", "fed.roundz=1"]) == 2
     assert "Did you mean fed.rounds, fed.test_rounds?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("sets", "seeds", "rows", "name"), [
+    (["fed.rounds=2", "data.image_size=64"], "0", ["FedAvg,Ours only"],
+     "t__set-fed.rounds=2_set-data.image_size=64_seeds-0_rows-FedAvg,Ours-only_"),
+    (["method.args.mu=0.5"], "0,1", None, "t__set-method.args.mu=0.5_seeds-0,1"),
+    ([], None, ["FedRep (per-client)"], "t__rows-FedRep-per-client-_"),
+])
+def test_a_reduced_table_is_named_by_what_was_reduced(sets, seeds, rows, name):
+    """Readable names; where a character had to be replaced, an 8-hex digest keeps distinct reductions apart."""
+    ov, _ = planned(SPEC, *sets, seeds=seeds, rows=rows)
+    got = ov.table_name("t")
+    assert got.startswith(name) and len(got) == len(name) + (8 if name.endswith("_") else 0)
+    assert ov.tables_dir("x") == str(Path("x") / "reduced")
+
+
+def test_reduced_tables_are_gitignored_and_removed_by_clean_results(tmp_path):
+    """results/tables/reduced/ (and the __reduced-<hash> files older versions wrote beside the tables) are
+    neither tracked nor left behind by `make clean-results`; the committed tables stay."""
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "results/tables/reduced/t2__seeds-0.md"],
+                             cwd=REPO, check=False)
+    assert ignored.returncode == 0
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    tables = tmp_path / "results" / "tables"
+    (tables / "reduced").mkdir(parents=True)
+    for name in ("reduced/t2__seeds-0.md", "reduced/t2__seeds-0_curves.png", "t2__reduced-1a2b3c4d.md", "t2.md", "t2.csv"):
+        (tables / name).write_text("x")
+    subprocess.run(["make", "-s", "clean-results"], cwd=tmp_path, check=True, capture_output=True)
+    assert sorted(p.name for p in tables.rglob("*")) == ["t2.csv", "t2.md"]

@@ -22,8 +22,9 @@ A table run like this is not the config's budget, and nothing mistakes it for on
 - every run changed by a budget override is never compared with a paper's number: its paper column says
   ``not comparable: its runs were changed on the command line (--set fed.rounds=2)``
   (bench/reporting/protocols.py);
-- the rendered table is written as ``<table>_<dataset>__reduced-<hash>.{md,csv,json}`` and its title
-  and notes say what was changed.
+- the rendered table is written as ``reduced/<table>_<dataset>__<what was reduced>.{md,csv,json}`` under
+  the tables folder (``set-fed.rounds=2_seeds-0_rows-FedAvg,FedBM``; other characters become ``-`` and a
+  hash is added), and its title and notes say what was changed.
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -173,6 +176,11 @@ def pick_folds(spec: dict, wanted: str | None) -> list[int] | None:
     return sorted(set(folds))
 
 
+REDUCED_DIR = "reduced"  # the folder of reduced tables, under the tables folder
+_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+-]+")  # what a reduced table's name keeps of the reduction, as is
+_READABLE_MAX = 160  # with the longest figure suffix, under 255 bytes
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
@@ -224,11 +232,27 @@ class TableOverrides:
         return f"{experiment}__set-{_digest(self.budget_sets)}" if self.budget_sets else experiment
 
     def table_name(self, name: str) -> str:
-        """The rendered table's file name stem: never the full table's when the budget is not the config's."""
+        """The rendered table's file name stem: never the full table's when the budget is not the config's,
+        but ``<name>__<what was reduced>`` (``table2_kvasir__set-fed.rounds=2_seeds-0_rows-FedAvg,FedBM``)."""
         if self.full_budget:
             return name
-        chosen = [self.budget_sets, self.seeds, self.rows] + ([self.folds] if self.folds is not None else [])
-        return f"{name}__reduced-{_digest(chosen)}"
+        parts = [f"set-{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+                 for k, v in self.budget_sets.items()]
+        parts += [f"{what}-{','.join(str(x) for x in chosen)}"
+                  for what, chosen in (("seeds", self.seeds), ("rows", self.rows), ("folds", self.folds))
+                  if chosen is not None]
+        readable = "_".join(parts)
+        safe = _UNSAFE.sub("-", readable)
+        ambiguous = any("," in str(x) for x in [*(self.rows or []), *(self.seeds or []), *(self.folds or [])])
+        if ambiguous or safe != readable or len(safe) > _READABLE_MAX:  # not one-to-one: a digest keeps it unique
+            chosen = [self.budget_sets, self.seeds, self.rows] + ([self.folds] if self.folds is not None else [])
+            safe = f"{safe[:_READABLE_MAX]}_{_digest(chosen)}"
+        return f"{name}__{safe}"
+
+    def tables_dir(self, tables_dir: str) -> str:
+        """Where the rendered table goes: ``<tables_dir>/reduced/`` when the budget is not the config's
+        (gitignored, removed by ``make clean-results``), else ``tables_dir``."""
+        return tables_dir if self.full_budget else str(Path(tables_dir) / REDUCED_DIR)
 
     def apply(self, runs: list) -> None:
         """Set every override in every planned run (method.args.* where the method accepts it)."""

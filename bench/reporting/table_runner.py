@@ -369,7 +369,8 @@ def main(argv: list[str]) -> int:
                       "from the other shards (the shard that completes the set renders it, or run the same command "
                       "with --render-only).")
                 return 0
-    paths = render_table(fold_legend(spec), runs, args.tables_dir, name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"),
+    name = overrides.table_name(f"{spec['table']}_{spec['dataset']}")
+    paths = render_table(fold_legend(spec), runs, overrides.tables_dir(args.tables_dir), name=name,
                          changes=overrides.describe(full_spec), reduced=not overrides.full_budget,
                          replace=args.replace_table)
     print(Path(paths["md"]).read_text())
@@ -509,13 +510,15 @@ def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
 def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
     """Run the runs without a matching record; returns this process's global rank. ``annotations``
     (the command-line overrides) are stored in every record and W&B run."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
     from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
     from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()
     todo = []
     runs = shard_runs(distinct_runs(runs), getattr(args, "shard", None))
-    if getattr(args, "shard", None) is not None:
+    if getattr(args, "shard", None) is not None and rank_zero_only.rank == 0:
         print(f"{spec['table']} {spec['dataset']}: shard {args.shard[0]}/{args.shard[1]}")
     for r in runs:
         reason = "--force" if args.force else record_status(r.cfg)[1]
@@ -523,8 +526,9 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
             todo.append(r)
             reasons[reason] += 1
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.items())
-    print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
-          f"{len(todo)} to run" + (f" ({why})" if why else ""))
+    if rank_zero_only.rank == 0:  # the plan once, not once more from each rank Fabric starts
+        print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
+              f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0
     check_data(todo)  # fail at once (missing or bad data) before any run starts

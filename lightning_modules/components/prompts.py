@@ -376,7 +376,7 @@ def defaults_notice(cp: ClassPrompts, dataset: str | None, method: str, uses_tem
     if not defaulted:
         return None
     return (f"dataset {dataset!r} has no prompt set: {method} uses {' and '.join(defaulted)}. To give your own, "
-            "pass method.args.prompts: my_prompts.yaml (see README, 'Your own data').")
+            "pass method.args.prompts: my_prompts.yaml (see docs/own-data.md).")
 
 
 def announce_defaults(cp: ClassPrompts, dataset: str | None, method: str, uses_templates: bool) -> None:

@@ -70,6 +70,14 @@ def _require_weights(name: str, repo: str) -> None:
         raise _unreachable(name, repo, f"offline and not cached: {type(err).__name__}") from err
 
 
+def _no_loading_bar(factory, args: tuple, kwargs: dict):
+    """transformers' tqdm hook: its "Loading weights 0/103" bar (reading a cached model into memory, a
+    second) is never drawn in a run's or a table's output; a download's bar still is."""
+    if kwargs.get("desc") == "Loading weights":
+        kwargs = {**kwargs, "disable": True}
+    return factory(*args, **kwargs)
+
+
 class HFTextEncoder(TextEncoder):
     """A transformers encoder with attention-masked mean pooling or the first ([CLS]/<s>) token."""
 
@@ -80,13 +88,17 @@ class HFTextEncoder(TextEncoder):
         if not local:
             _require_weights(name, source)
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         kwargs = {} if local else {"cache_dir": _hub_cache_dir()}
+        previous = hf_logging.set_tqdm_hook(_no_loading_bar)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
             self.model = AutoModel.from_pretrained(source, **kwargs)
         except Exception as err:  # hub/network/file errors: unreachable
             raise _unreachable(name, source, err) from err
+        finally:
+            hf_logging.set_tqdm_hook(previous)
         self.device = torch.device(device or "cpu")
         self.model.to(self.device).eval().requires_grad_(False)
         self.name, self.dim, self.pooling = name, dim, pooling
