@@ -355,6 +355,7 @@ def main(argv: list[str]) -> int:
     spec = overrides.select(full_spec)
     runs = plan_runs(spec, args.output_dir, check_records=False)
     overrides.apply(runs)
+    in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
     if args.render_only:
         check_render_plan(runs)
     else:
@@ -375,24 +376,63 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        log_to_wandb(runs, spec, paths, args, replay=args.render_only)
+        log_to_wandb(runs, spec, paths, args, in_wandb)
     return 0
 
 
-def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, replay: bool) -> None:
-    """The rendered table (a wandb.Table equal to its CSV, and its figures) to W&B; with ``replay``
-    (--render-only --wandb) first every record as the train run a live --wandb run would have logged,
-    without rerunning anything (bench/reporting/wandb_logger.py log_record)."""
-    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags
+def wandb_ids(r: PlannedRun) -> tuple[str, ...]:
+    """The W&B ids (wandb_logger.wandb_run_id) ``r`` is logged under: the current code's, and its record's
+    when that was written by other code (rendered, not rerun, with --render-only)."""
+    from bench.reporting.wandb_logger import wandb_run_id
+
+    path = find_record(r.cfg)
+    try:
+        kept = load_record(path).get("code_version") if path is not None else None
+    except RecordError:
+        kept = None
+    codes = [code_version()] if kept is None else [kept, code_version()]
+    return tuple(dict.fromkeys(wandb_run_id(r.cfg, code) for code in codes))
+
+
+def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
+    """The ids of the table's train runs that W&B's files under ``directory`` already hold, finished."""
+    from bench.reporting.wandb_logger import logged
+
+    return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
+
+
+def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str]) -> None:
+    """Every record of the table as a W&B train run, once: a run W&B held before this command
+    (``in_wandb``) is skipped, one this command logged live is counted, any other is replayed from its
+    record (bench/reporting/wandb_logger.py log_record: what a live run would have logged, under the same
+    id; nothing is rerun). Then the rendered table (a wandb.Table equal to its CSV, and its figures)."""
+    from bench.reporting.wandb_logger import (
+        log_record,
+        log_table,
+        logged,
+        replayed_rows,
+        run_tags,
+        wandb_run_id,
+    )
 
     project = runs[0].cfg.wandb_project
-    if replay:
-        found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
-        for _, rec in found:  # every record checked before the first is logged
-            replayed_rows(rec)
-        for r, rec in tqdm(found, desc="W&B: records", unit="run"):
-            log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir)
-        print(f"W&B: logged {len(found)} run records with their per-round histories")
+    found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
+    counts = Counter()
+    replay = []
+    for r, rec in found:
+        run_id = wandb_run_id(r.cfg, rec.get("code_version"))
+        state = "skipped" if run_id in in_wandb else "logged" if logged(args.wandb_dir, run_id) else "replayed"
+        counts[state] += 1
+        if state == "replayed":
+            replay.append((r, rec, run_id))
+    for _, rec, _ in replay:  # every record checked before the first is logged
+        replayed_rows(rec)
+    for r, rec, run_id in tqdm(replay, desc="W&B: records", unit="run", disable=not replay):
+        log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir, run_id)
+    missing = len(distinct_runs(runs)) - len(found)
+    print(f"W&B: {counts['logged']} train runs logged, {counts['replayed']} replayed from their records, "
+          f"{counts['skipped']} skipped (already in W&B under their ids)"
+          + (f", {missing} without a record" if missing else ""))
     figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
     table = json.loads(Path(paths["json"]).read_text())
     print(f"W&B table run: {log_table(table, paths['csv'], figures, project, args.wandb_dir)}")
