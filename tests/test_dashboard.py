@@ -12,6 +12,7 @@ import yaml
 from conftest import REPO
 
 from bench.cli import main
+from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
 
 CONFIG = REPO / "configs" / "tables" / "table2_fashion-mnist.yaml"
 SECTIONS = ["test/accuracy", "test/f1", "training", "communication", "time", "results"]
@@ -43,28 +44,32 @@ def test_dashboard_spec_offline(offline, tmp_path, capsys):
     workspace = json.loads((tmp_path / "out" / "table2_fashion-mnist_workspace.json").read_text())
     report = json.loads((tmp_path / "out" / "table2_fashion-mnist_report.json").read_text())
 
-    # the workspace: its runs are the table's group, grouped by config.beta then config.row
+    # the workspace: its runs are the table's train runs (issue 39.2: no table run as a null group), grouped
+    # by config.partition_key (the column) then config.row; it shows every one of them (table2: 129 > 100)
     assert (workspace["entity"], workspace["project"]) == ("me", "fedbench")
     view = workspace["spec"]["section"]
     (runset,) = view["runSets"]
-    assert runset["grouping"] == [{"section": "config", "name": "beta.value"}, {"section": "config", "name": "row.value"}]
-    assert runset["filters"]["filters"] == [{"key": {"section": "run", "name": "group"}, "op": "IN",
-                                             "value": ["table2_fashion-mnist"], "disabled": False}]
+    assert runset["grouping"] == [{"section": "config", "name": "partition_key.value"},
+                                  {"section": "config", "name": "row.value"}]
+    assert [(f["key"]["name"], f["op"], f["value"]) for f in runset["filters"]["filters"]] == [
+        ("group", "IN", ["table2_fashion-mnist"]), ("jobType", "=", "train")]
+    table_runs = distinct_runs(plan_runs(load_table_config(str(CONFIG)), check_records=False))
+    assert view["settings"]["maxRuns"] == len(table_runs) > 100
     assert view["settings"]["xAxis"] == "round" and view["settings"]["useRunsTableGroupingInPanels"] is True
     sections = {s["name"]: s for s in view["panelBankConfig"]["sections"]}
-    assert list(sections) == SECTIONS
-    for metric in spec["metrics"]:  # a curve over rounds (mean ± std per group) and the round-rule summary per row
+    assert list(sections) == SECTIONS[:-1]  # the results table is the report's (its run is not a train run)
+    for metric in spec["metrics"]:  # a curve over rounds (mean ± std per group) and the round-rule summary per group
         (_, curve), (_, bars) = panels(sections[f"test/{metric}"])
         assert [kind for kind, _ in panels(sections[f"test/{metric}"])] == ["Run History Line Plot", "Bar Chart"]
         assert (curve["xAxis"], curve["metrics"], curve["groupAgg"], curve["groupArea"]) == (
             "round", [f"test/{metric}"], "mean", "stddev")
-        assert (bars["metrics"], bars["groupBy"], bars["groupAgg"]) == ([f"test/{metric}"], "row.value", "mean")
+        # issue 39.2: the bars follow the runs table's grouping (column, then row): both β of a row are two bars
+        assert (bars["metrics"], bars["groupBy"], bars["aggregate"], bars["groupAgg"], bars["groupArea"]) == (
+            [f"test/{metric}"], None, True, "mean", "stddev")
     for name, keys in (("training", ["train/loss", "lr", "clients_trained"]),
                        ("communication", ["comm/bytes_up", "comm/bytes_down"]),
                        ("time", ["time/round_seconds", "time/train_seconds", "time/eval_seconds"])):
         assert [(c["xAxis"], c["metrics"]) for _, c in panels(sections[name])] == [("round", [k]) for k in keys]
-    ((kind, table),) = panels(sections["results"])
-    assert kind == "Weave" and '"results"' in json.dumps(table)
 
     # the report: per metric one panel grid per β, its run set that β's train runs grouped by config.row
     blocks = report["spec"]["blocks"]
@@ -85,6 +90,8 @@ def test_dashboard_spec_offline(offline, tmp_path, capsys):
     (results,) = grids[-1]["runSets"]
     assert [(f["key"]["name"], f["value"]) for f in results["filters"]["filters"]] == [
         ("group", ["table2_fashion-mnist"]), ("jobType", "table")]
+    (table,) = grids[-1]["panelBankSectionConfig"]["panels"]
+    assert table["viewType"] == "Weave" and '"results"' in json.dumps(table)
 
 
 def test_dashboard_without_entity_says_what_to_pass(offline, tmp_path, capsys):

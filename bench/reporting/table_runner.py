@@ -339,6 +339,20 @@ def build_parser() -> FlagParser:
     return parser
 
 
+def planned_table(config: str, sets: list[str] | None = None, seeds: str | None = None, rows: list[str] | None = None,
+                  folds: str | None = None, output_dir: str | None = None
+                  ) -> tuple[dict, dict, TableOverrides, list[PlannedRun]]:
+    """(the table config, the config as selected by --seeds/--rows/--folds, the command-line overrides, the
+    planned runs with the overrides applied: their experiments are their records' folders and W&B groups).
+    `fedbench table` and `fedbench dashboard` both plan a table through this, so that they agree."""
+    full_spec = load_table_config(config)
+    overrides = TableOverrides.parse(full_spec, sets, seeds, rows, folds)
+    spec = overrides.select(full_spec)
+    runs = plan_runs(spec, output_dir, check_records=False)
+    overrides.apply(runs)
+    return full_spec, spec, overrides, runs
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -349,12 +363,9 @@ def main(argv: list[str]) -> int:
 
     if args.data_home:
         set_data_home(args.data_home)
-    full_spec = load_table_config(args.config)
+    full_spec, spec, overrides, runs = planned_table(args.config, args.set, args.seeds, args.rows, args.folds,
+                                                     args.output_dir)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
-    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows, args.folds)
-    spec = overrides.select(full_spec)
-    runs = plan_runs(spec, args.output_dir, check_records=False)
-    overrides.apply(runs)
     in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
     if args.render_only:
         check_render_plan(runs)
