@@ -367,11 +367,13 @@ def main(argv: list[str]) -> int:
                                                      args.output_dir)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
     in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
+    trained: list[PlannedRun] = []
     if args.render_only:
         check_render_plan(runs)
     else:
         check_plan(runs, spec, args, overrides)
-        if execute(runs, spec, args, overrides.record()) != 0:
+        rank, trained = execute(runs, spec, args, overrides.record())
+        if rank != 0:
             return 0  # other ranks: rank 0 renders
         if args.shard is not None:
             waiting = [r for r in distinct_runs(runs) if record_status(r.cfg)[1] != "up to date"]
@@ -387,7 +389,7 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        log_to_wandb(runs, spec, paths, args, in_wandb)
+        log_to_wandb(runs, spec, paths, args, in_wandb, trained)
     return 0
 
 
@@ -412,27 +414,22 @@ def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
     return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
 
 
-def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str]) -> None:
+def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str],
+                 trained: list[PlannedRun]) -> None:
     """Every record of the table as a W&B train run, once: a run W&B held before this command
-    (``in_wandb``) is skipped, one this command logged live is counted, any other is replayed from its
+    (``in_wandb``) is skipped, one this command ran (``trained``) was logged live, any other is replayed from its
     record (bench/reporting/wandb_logger.py log_record: what a live run would have logged, under the same
     id; nothing is rerun). Then the rendered table (a wandb.Table equal to its CSV, and its figures)."""
-    from bench.reporting.wandb_logger import (
-        log_record,
-        log_table,
-        logged,
-        replayed_rows,
-        run_tags,
-        wandb_run_id,
-    )
+    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags, wandb_run_id
 
     project = runs[0].cfg.wandb_project
     found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
+    live = {run_record_path(r.cfg) for r in trained}
     counts = Counter()
     replay = []
     for r, rec in found:
         run_id = wandb_run_id(r.cfg, rec.get("code_version"))
-        state = "skipped" if run_id in in_wandb else "logged" if logged(args.wandb_dir, run_id) else "replayed"
+        state = ("skipped" if run_id in in_wandb else "logged" if run_record_path(r.cfg) in live else "replayed")
         counts[state] += 1
         if state == "replayed":
             replay.append((r, rec, run_id))
@@ -557,9 +554,10 @@ def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
     return run_identity(r.cfg, table=spec["table"], row=r.label, round_rule=rule, overridden=bool(annotations))
 
 
-def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
-    """Run the runs without a matching record; returns this process's global rank. ``annotations``
-    (the command-line overrides) are stored in every record and W&B run."""
+def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None
+            ) -> tuple[int, list[PlannedRun]]:
+    """Run the runs without a matching record; returns this process's global rank and the runs it ran.
+    ``annotations`` (the command-line overrides) are stored in every record and W&B run."""
     from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
     from bench.reporting.wandb_logger import wandb_observer
 
@@ -577,7 +575,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
     print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
           f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
-        return 0
+        return 0, todo
     check_data(todo)  # fail at once (missing or bad data) before any run starts
     for r in todo:  # devices were set by check_plan
         # one process: the run's round bar nests under the table's bar (rank 0); --jobs workers stay quiet
@@ -588,7 +586,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
 
         run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
                  lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations))
-        return 0
+        return 0, todo
     fabric = launch(make_fabric(todo[0].cfg))
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
@@ -597,4 +595,4 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
                                                               wandb_identity(r, spec, annotations)),
                        annotations=annotations)
     wait_for_launched_ranks(fabric)
-    return fabric.global_rank
+    return fabric.global_rank, todo
