@@ -10,11 +10,14 @@ every per-round chart has ``round`` as its x-axis. Both views hold:
   training     train/loss, lr and clients trained over rounds, by row
   communication  bytes up and down per round, by row
   time         round, train and eval seconds per round, by row
-  results      the logged results table (the table's CSV, paired Δ vs the baseline included)
+  results      the logged results table (the table's CSV, paired Δ vs the baseline included; the report's)
 
-The workspace groups its runs table by config.beta, then config.row; the report has one run set per β,
-grouped by config.row. Offline (no API key) the two specs are written as JSON to ``--out`` with how to
-publish them; with a key both are saved and their URLs printed.
+The workspace holds the table's train runs (job type train; up to all of them), its runs table grouped by
+config.partition_key (the column), then config.row, and its panels follow that grouping; the report has one
+run set per β, grouped by config.row. With the --set/--seeds/--rows a table was run with, the dashboard
+plans the table as `fedbench table` does (table_runner.planned_table): the same group, those rows. Offline
+(wandb_logger.wandb_mode: the one rule for W&B runs and the dashboard) the two specs are written as JSON to
+``--out`` with how to publish them; online both are saved and their URLs printed.
 """
 from __future__ import annotations
 

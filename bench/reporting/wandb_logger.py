@@ -5,7 +5,8 @@ tagged by method, dataset, partition scheme, beta and seed, with the run config,
 metrics and a final summary. A rendered table is logged as a ``wandb.Table`` (plus its figures) in
 one more run of the group, job_type "table". Files go under ``directory`` (default: ``$WANDB_DIR``,
 else results/wandb); offline runs land in ``<directory>/wandb/offline-run-*`` and can be uploaded
-later with ``wandb sync``.
+later with ``wandb sync``. A train run's W&B id is its record identity (wandb_run_id), so a replay or a
+rerun of the same result is the same W&B run; whether to go online is one rule (wandb_mode).
 """
 from __future__ import annotations
 
