@@ -13,6 +13,7 @@ from conftest import REPO
 
 from bench.cli import main
 from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+from bench.reporting.wandb_logger import partition_key
 
 CONFIG = REPO / "configs" / "tables" / "table2_fashion-mnist.yaml"
 SECTIONS = ["test/accuracy", "test/f1", "training", "communication", "time", "results"]
@@ -71,7 +72,7 @@ def test_dashboard_spec_offline(offline, tmp_path, capsys):
                        ("time", ["time/round_seconds", "time/train_seconds", "time/eval_seconds"])):
         assert [(c["xAxis"], c["metrics"]) for _, c in panels(sections[name])] == [("round", [k]) for k in keys]
 
-    # the report: per metric one panel grid per β, its run set that β's train runs grouped by config.row
+    # the report: per metric one panel grid per column (β), its run set that column's train runs grouped by config.row
     blocks = report["spec"]["blocks"]
     headings = [b["children"][0]["text"] for b in blocks if b["type"] == "heading"]
     assert headings == SECTIONS
@@ -82,7 +83,7 @@ def test_dashboard_spec_offline(offline, tmp_path, capsys):
         (rs,) = grid["runSets"]
         assert rs["grouping"] == [{"section": "config", "name": "row.value"}]
         assert [(f["key"]["name"], f["value"]) for f in rs["filters"]["filters"]] == [
-            ("group", ["table2_fashion-mnist"]), ("jobType", "train"), ("beta", beta)]
+            ("group", ["table2_fashion-mnist"]), ("jobType", "train"), ("partition_key", f"dirichlet-{beta:g}")]
         curve, bars = (p["config"] for p in grid["panelBankSectionConfig"]["panels"])
         assert (curve["metrics"], curve["xAxis"], curve["groupBy"], bars["groupBy"]) == (
             [f"test/{metric}"], "round", "row.value", "row.value")
@@ -98,3 +99,22 @@ def test_dashboard_without_entity_says_what_to_pass(offline, tmp_path, capsys):
     assert main(["dashboard", "--config", str(CONFIG), "--out", str(tmp_path)]) == 0
     assert "--entity <your entity>" in capsys.readouterr().out
     assert json.loads((tmp_path / "table2_fashion-mnist_workspace.json").read_text())["entity"] == "YOUR-ENTITY"
+
+
+def test_report_has_a_grid_per_column_of_any_scheme(offline, tmp_path):
+    """Issue 39.2: a table whose columns are not all Dirichlet (FST-CBDG's iid, shards and LDA) gets one report
+    grid per column, filtered on config.partition_key (before: per β only, so its iid and shards runs were in
+    no grid), and its workspace shows up to all of its train runs."""
+    config = REPO / "configs" / "tables" / "fstcbdg_fashion-mnist.yaml"
+    assert main(["dashboard", "--config", str(config), "--out", str(tmp_path), "--entity", "me"]) == 0
+    report = json.loads((tmp_path / "fstcbdg_fashion-mnist_report.json").read_text())
+    workspace = json.loads((tmp_path / "fstcbdg_fashion-mnist_workspace.json").read_text())
+    runs = plan_runs(load_table_config(str(config)), check_records=False)
+    keys = list(dict.fromkeys(partition_key(r.cfg) for r in runs))  # what each train run logs as its column
+    assert set(keys) == {"iid", "shards-2", "shards-10", "lda-0.1", "lda-0.5"}
+    grids = [b["metadata"] for b in report["spec"]["blocks"] if b["type"] == "panel-grid"]
+    metrics = yaml.safe_load(config.read_text())["metrics"]
+    shown = [next(f["value"] for f in g["runSets"][0]["filters"]["filters"] if f["key"]["name"] == "partition_key")
+             for g in grids[:len(metrics) * len(keys)]]
+    assert shown == keys * len(metrics)
+    assert workspace["spec"]["section"]["settings"]["maxRuns"] == len(distinct_runs(runs))

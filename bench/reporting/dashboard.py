@@ -2,11 +2,11 @@
 built with the ``wandb-workspaces`` package from the table config alone (no record, no network).
 
 The runs are the table's W&B runs (``--wandb``, live or ``--render-only`` after the fact): their group is
-the table's experiment, their config holds ``row`` and ``beta`` (bench/reporting/wandb_logger.py), and
-every per-round chart has ``round`` as its x-axis. Both views hold:
+the table's experiment, their config holds ``row``, ``beta`` and ``partition_key`` (the column;
+bench/reporting/wandb_logger.py), and every per-round chart has ``round`` as its x-axis. Both views hold:
 
   per metric   a section: test/<metric> over rounds, mean ± std over seeds grouped by row (the report: one
-               panel per β), and a bar chart of each row's summary (the value at the table's round rule)
+               panel per column), and a bar chart of each row's summary (the value at the table's round rule)
   training     train/loss, lr and clients trained over rounds, by row
   communication  bytes up and down per round, by row
   time         round, train and eval seconds per round, by row
@@ -14,7 +14,7 @@ every per-round chart has ``round`` as its x-axis. Both views hold:
 
 The workspace holds the table's train runs (job type train; up to all of them), its runs table grouped by
 config.partition_key (the column), then config.row, and its panels follow that grouping; the report has one
-run set per β, grouped by config.row. With the --set/--seeds/--rows a table was run with, the dashboard
+run set per column, grouped by config.row. With the --set/--seeds/--rows a table was run with, the dashboard
 plans the table as `fedbench table` does (table_runner.planned_table): the same group, those rows. Offline
 (wandb_logger.wandb_mode: the one rule for W&B runs and the dashboard) the two specs are written as JSON to
 ``--out`` with how to publish them; online both are saved and their URLs printed.
@@ -52,7 +52,7 @@ class TableView:
     groups: list[str]
     metrics: list[str]
     rows: list[str]
-    betas: list[float]
+    columns: dict[str, str]  # the runs' config.partition_key (the table's columns) -> its title (β=0.05, iid, ...)
     chosen_rows: list[str] | None = None
     chosen_seeds: list[int] | None = None
     run_count: int = 0
@@ -62,6 +62,7 @@ def table_view(config: str, sets: list[str] | None = None, seeds: str | None = N
                rows: list[str] | None = None) -> TableView:
     """The view of the table's runs, planned as `fedbench table` plans them (table_runner.planned_table)."""
     from bench.reporting.table_runner import distinct_runs, planned_table
+    from bench.reporting.wandb_logger import partition_key
 
     _, spec, overrides, runs = planned_table(config, sets, seeds, rows)
     if not runs:
@@ -70,7 +71,8 @@ def table_view(config: str, sets: list[str] | None = None, seeds: str | None = N
                      groups=list(dict.fromkeys(r.cfg.experiment for r in runs)),
                      metrics=[f"test/{m}" for m in spec.get("metrics") or ["accuracy"]],
                      rows=list(dict.fromkeys(r.label for r in runs)),
-                     betas=list(dict.fromkeys(r.beta for r in runs if r.beta is not None)),
+                     columns={partition_key(r.cfg): f"β={r.beta:g}" if r.beta is not None else partition_key(r.cfg)
+                              for r in runs},
                      chosen_rows=overrides.rows, chosen_seeds=overrides.seeds, run_count=len(distinct_runs(runs)))
 
 
@@ -137,22 +139,23 @@ def workspace(view: TableView, entity: str):
                         runset_settings=runset)
 
 
-def runset(view: TableView, entity: str, name: str, beta: float | None = None, job_type: str = "train"):
-    """The table's runs of ``job_type`` (of one β when given), grouped by config.row. ``entity`` "" (the
+def runset(view: TableView, entity: str, name: str, column: str | None = None, job_type: str = "train"):
+    """The table's runs of ``job_type`` (of one column, config.partition_key, when given), grouped by
+    config.row. ``entity`` "" (the
     offline spec): the run set names no project, whose id only W&B can look up (the report names it)."""
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
     filters = train_filters(view) if job_type == "train" else [expr.Metric("Group").isin(view.groups),
                                                                expr.Metric("JobType") == job_type]
-    if beta is not None:
-        filters.append(expr.Config("beta") == beta)
+    if column is not None:
+        filters.append(expr.Config("partition_key") == column)
     return wr.Runset(entity=entity, project=view.project if entity else "", name=name, filters=filters,
                      groupby=["config.row"] if job_type == "train" else [])
 
 
 def report(view: TableView, entity: str, online: bool = True):
-    """The report: per metric, one panel grid per β (its curves by row, and the summary bars), then the
+    """The report: per metric, one panel grid per column (its curves by row, and the summary bars), then the
     training, communication and time curves by row, then the results table. Offline (``online`` false)
     its run sets name no entity and project (see ``runset``)."""
     import wandb_workspaces.reports.v2 as wr
@@ -161,12 +164,11 @@ def report(view: TableView, entity: str, online: bool = True):
 
     blocks: list = [wr.P(f"fedbench table {view.name}: runs grouped by config.row (mean ± std over seeds); "
                          "bars are each row's value at the table's round rule.")]
-    betas: list[float | None] = list(view.betas) or [None]
     for m in view.metrics:
         blocks.append(wr.H1(m))
-        for b in betas:
-            where = "" if b is None else f" · β={b:g}"
-            blocks.append(wr.PanelGrid(runsets=[runset(view, sets_entity, f"{view.name}{where}", b)],
+        for column, title in view.columns.items():
+            where = f" · {title}"
+            blocks.append(wr.PanelGrid(runsets=[runset(view, sets_entity, f"{view.name}{where}", column)],
                                        panels=[line(m, f"{m}{where}"), summary_bars(m, f"{m}{where} at the round rule")]))
     for title, keys in (("training", TRAINING), ("communication", COMMUNICATION), ("time", TIME)):
         blocks += [wr.H1(title), wr.PanelGrid(runsets=[runset(view, sets_entity, view.name)], panels=[line(k) for k in keys])]
