@@ -55,7 +55,8 @@ def offline_run(run_dir: Path) -> dict:
                for u in r.summary.update}
     metrics = {(m.name or m.glob_name): (m.step_metric or None) for r in recs
                if r.WhichOneof("record_type") == "metric" for m in [r.metric]}
-    return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "tags": set(run.tags),
+    return {"id": run.run_id, "group": run.run_group, "job_type": run.job_type, "name": run.display_name,
+            "tags": set(run.tags),
             "config": {u.key: json.loads(u.value_json) for u in run.config.update}, "history": history,
             "summary": set(summary), "summary_values": summary, "dir": run_dir, "metrics": metrics}
 
@@ -89,7 +90,7 @@ def wandb_table(tmp_path_factory):
 
 def train_runs(wandb_dir: Path) -> tuple[dict[str, dict], dict]:
     """({display name: train run}, the table run) of the offline runs under ``wandb_dir``."""
-    runs = [offline_run(d) for d in sorted((wandb_dir / "wandb").glob("offline-run-*"))]
+    runs = all_runs(wandb_dir)
     (table_run,) = [r for r in runs if r["job_type"] == "table"]
     assert len(runs) == 4 and {r["group"] for r in runs} == {"wbtest_digits"}
     return {r["name"]: r for r in runs if r["job_type"] == "train"}, table_run
@@ -168,11 +169,13 @@ def test_render_only_wandb_logs_the_records_without_training(wandb_table, tmp_pa
     records = {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*.json")}
     assert main(["table", "--config", str(config), "--output-dir", str(runs_dir), "--tables-dir", str(tmp_path / "t"),
                  "--render-only", "--wandb", "--wandb-dir", str(tmp_path / "wandb")]) == 0
-    assert "logged 3 run records" in capsys.readouterr().out
+    assert "W&B: 0 train runs logged, 3 replayed from their records, 0 skipped" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*.json")} == records
     live, _ = train_runs(live_dir)
     replayed, _ = train_runs(tmp_path / "wandb")
     assert set(replayed) == set(live)
+    # issue 39.2: a replay is the live run under the same W&B id (wandb sync makes them one run)
+    assert {n: r["id"] for n, r in replayed.items()} == {n: r["id"] for n, r in live.items()}
     def kept(d: dict) -> dict:  # without W&B's own timing keys (_runtime, _timestamp, _wandb/runtime)
         return {k: v for k, v in d.items() if not k.startswith("_") or k == "_step"}
 
@@ -181,6 +184,176 @@ def test_render_only_wandb_logs_the_records_without_training(wandb_table, tmp_pa
         assert [kept(h) for h in run["history"]] == [kept(h) for h in live[name]["history"]]
         assert kept(run["summary_values"]) == kept(live[name]["summary_values"])
         assert run["metrics"] == live[name]["metrics"]
+
+
+def settled(wandb_dir: Path, timeout: float = 120.0) -> list[Path]:
+    """The offline run folders under ``wandb_dir``, once each holds its run file with its exit record: wandb's
+    service writes the file after ``finish()`` returns, a moment later on a loaded machine."""
+    import time
+
+    def finished(run_dir: Path) -> bool:
+        files = list(run_dir.glob("run-*.wandb"))
+        return bool(files) and any(r.WhichOneof("record_type") == "exit" for r in wandb_records(files[0]))
+
+    deadline = time.monotonic() + timeout
+    while True:
+        dirs = sorted((wandb_dir / "wandb").glob("offline-run-*"))
+        if all(finished(d) for d in dirs) or time.monotonic() > deadline:
+            return dirs
+        time.sleep(0.5)
+
+
+def all_runs(wandb_dir: Path) -> list[dict]:
+    return [offline_run(d) for d in settled(wandb_dir)]
+
+
+def offline_env(monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import bench.experiment
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a table whose records all exist ran an experiment")
+
+    monkeypatch.setattr(bench.experiment, "run_experiment", no_training)
+
+
+def test_wandb_ids_are_the_record_identity(wandb_table):
+    """Issue 39.2: a train run's W&B id is its record's identity (experiment, record name, code version),
+    so that the live run, a replay of its record and a rerun are one W&B run."""
+    from bench.records import find_record, load_record
+    from bench.reporting.table_runner import load_table_config, plan_runs
+    from bench.reporting.wandb_logger import wandb_run_id
+
+    config, runs_dir, _, live_dir = wandb_table
+    live, _ = train_runs(live_dir)
+    planned = plan_runs(load_table_config(str(config)), str(runs_dir))
+    ids = {f"{r.label} · β=0.5 · seed 0": wandb_run_id(r.cfg, load_record(find_record(r.cfg))["code_version"])
+           for r in planned}
+    assert {n: r["id"] for n, r in live.items()} == ids and len(set(ids.values())) == 3
+
+
+def test_replay_after_a_live_run_skips_its_train_runs(wandb_table, tmp_path, monkeypatch, capsys):
+    """Issue 39.2: `--render-only --wandb` after `--wandb` (the same W&B folder) logs no train run again:
+    all three are skipped (before: three more runs, same names, new ids, so W&B counted each seed twice);
+    the table run is the same W&B run again (its id), updated."""
+    import shutil
+
+    config, runs_dir, _, live_dir = wandb_table
+    offline_env(monkeypatch)
+    wandb_dir = tmp_path / "wandb"
+    settled(live_dir)
+    shutil.copytree(live_dir, wandb_dir)
+    before = all_runs(wandb_dir)
+    assert main(["table", "--config", str(config), "--output-dir", str(runs_dir), "--tables-dir", str(tmp_path / "t"),
+                 "--render-only", "--wandb", "--wandb-dir", str(wandb_dir)]) == 0
+    assert "W&B: 0 train runs logged, 0 replayed from their records, 3 skipped (already in W&B under their ids)" \
+        in capsys.readouterr().out
+    after = all_runs(wandb_dir)
+    train = [r for r in after if r["job_type"] == "train"]
+    assert sorted(r["dir"] for r in train) == sorted(r["dir"] for r in before if r["job_type"] == "train")
+    tables = [r for r in after if r["job_type"] == "table"]
+    assert len(tables) == 2 and len({r["id"] for r in tables}) == 1
+
+
+def test_a_wandb_table_whose_records_exist_replays_then_skips(wandb_table, tmp_path, monkeypatch, capsys):
+    """Issue 39.2: `fedbench table --wandb` when every record exists (nothing to train) still logs its train
+    runs, replayed from the records under their ids, and says so; a second call skips them."""
+    config, runs_dir, _, live_dir = wandb_table
+    offline_env(monkeypatch)
+    wandb_dir = tmp_path / "wandb"
+    argv = ["table", "--config", str(config), "--output-dir", str(runs_dir), "--tables-dir", str(tmp_path / "t"),
+            "--wandb", "--wandb-dir", str(wandb_dir)]
+    assert main(argv) == 0
+    assert "W&B: 0 train runs logged, 3 replayed from their records, 0 skipped" in capsys.readouterr().out
+    replayed, _ = train_runs(wandb_dir)  # (waits for wandb's files: the next call reads them)
+    live, _ = train_runs(live_dir)
+    assert {n: r["id"] for n, r in replayed.items()} == {n: r["id"] for n, r in live.items()}
+    assert main(argv) == 0
+    assert "W&B: 0 train runs logged, 0 replayed from their records, 3 skipped" in capsys.readouterr().out
+    assert sorted(r["id"] for r in all_runs(wandb_dir) if r["job_type"] == "train") == sorted(
+        r["id"] for r in replayed.values())
+
+
+def test_live_runs_are_counted_as_logged(wandb_table, tmp_path, monkeypatch, capsys):
+    """A --wandb table that trains says how many runs it logged live; rerunning one (--force) whose W&B run
+    is already there skips its W&B logging instead of adding a second run of the same id."""
+    config, _, _, live_dir = wandb_table
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_dir = tmp_path / "wandb"
+    base = ["table", "--config", str(config), "--tables-dir", str(tmp_path / "t"), "--wandb", "--wandb-dir",
+            str(wandb_dir), "--rows", "FedAvg"]
+    assert main([*base, "--output-dir", str(tmp_path / "runs")]) == 0
+    assert "W&B: 1 train runs logged, 0 replayed from their records, 0 skipped" in capsys.readouterr().out
+    (run,) = [r for r in all_runs(wandb_dir) if r["job_type"] == "train"]  # (waits for wandb's files)
+    live, _ = train_runs(live_dir)
+    assert run["id"] == live["FedAvg · β=0.5 · seed 0"]["id"]  # another output folder: the same result, one id
+    assert main([*base, "--output-dir", str(tmp_path / "runs"), "--force"]) == 0
+    assert "W&B: 0 train runs logged, 0 replayed from their records, 1 skipped" in capsys.readouterr().out
+    assert len([r for r in all_runs(wandb_dir) if r["job_type"] == "train"]) == 1
+
+
+def test_rounds_are_numbered_alike_in_every_output(wandb_table, tmp_path):
+    """Issue 39.2: one round numbering (from 0, the records' own) in the curves PNG, W&B's ``round``,
+    ``reported_round`` and the dashboard preview (the curves drew 1..R, the others 0..R-1)."""
+    from bench.records import find_record, load_record
+    from bench.reporting.dashboard_preview import logged_runs, mean_std_curve
+    from bench.reporting.plots import curve_of
+    from bench.reporting.table_runner import load_table_config, plan_runs
+
+    config, runs_dir, _, live_dir = wandb_table
+    live, _ = train_runs(live_dir)
+    spec = load_table_config(str(config))
+    planned = plan_runs(spec, str(runs_dir))
+    for r, drawn in zip(planned, logged_runs(spec, planned)):
+        run = live[f"{r.label} · β=0.5 · seed 0"]
+        logged = [h["round"] for h in run["history"] if "test/accuracy" in h]
+        assert logged == [0, 1]
+        assert curve_of(load_record(find_record(r.cfg)), "test/accuracy")[0] == logged
+        assert list(mean_std_curve([drawn], "test/accuracy")[0]) == logged
+        assert run["summary_values"]["reported_round"] in logged
+
+
+def test_one_key_rule_counts_wandb_login(tmp_path, monkeypatch):
+    """Issue 39.2: a key saved by `wandb login` (netrc) sends table runs online exactly as it makes the
+    dashboard publish (before: runs stayed offline, only $WANDB_API_KEY counted); WANDB_MODE decides when set."""
+    from bench.reporting.dashboard import has_api_key
+    from bench.reporting.wandb_logger import wandb_mode
+
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "NETRC", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    assert (wandb_mode(), has_api_key()) == ("offline", False)
+    (home / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {'k' * 40}\n")
+    (home / ".netrc").chmod(0o600)
+    assert (wandb_mode(), has_api_key()) == ("online", True)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert (wandb_mode(), has_api_key()) == ("offline", False)
+
+
+def test_dashboard_follows_a_reduced_table_run(wandb_table, tmp_path, monkeypatch, capsys):
+    """Issue 39.2: `fedbench dashboard` takes the table's --set/--seeds/--rows and filters on the group the
+    table run logged to (<table>_<dataset>__set-<hash>) and the chosen rows; its specs are named as the
+    reduced table, beside the full table's."""
+    config, _, _, _ = wandb_table
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    selection = ["--set", "fed.rounds=1", "--rows", "FedAvg", "--seeds", "0"]
+    assert main(["table", "--config", str(config), "--output-dir", str(tmp_path / "runs"), "--tables-dir",
+                 str(tmp_path / "t"), "--wandb", "--wandb-dir", str(tmp_path / "wandb"), *selection]) == 0
+    (run,) = [r for r in all_runs(tmp_path / "wandb") if r["job_type"] == "train"]
+    assert run["group"].startswith("wbtest_digits__set-") and run["config"]["fed"]["rounds"] == 1
+    (reduced,) = (tmp_path / "t").glob("*.md")
+    assert main(["dashboard", "--config", str(config), "--out", str(tmp_path / "specs"), "--entity", "me",
+                 *selection]) == 0
+    workspace = json.loads((tmp_path / "specs" / f"{reduced.stem}_workspace.json").read_text())
+    (runset,) = workspace["spec"]["section"]["runSets"]
+    assert [(f["key"]["name"], f["value"]) for f in runset["filters"]["filters"]] == [
+        ("group", [run["group"]]), ("jobType", "train"), ("row", ["FedAvg"])]
+    assert workspace["spec"]["section"]["settings"]["maxRuns"] == 1
 
 
 @pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
@@ -204,7 +377,7 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
                  "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
                  "--threads", "1", "--progress", "false", "--experiment", "wbrun", "--wandb", "true"]) == 0
     capsys.readouterr()
-    (run,) = [offline_run(d) for d in (tmp_path / "wandb" / "wandb").glob("offline-run-*")]
+    (run,) = all_runs(tmp_path / "wandb")
     assert (run["group"], run["job_type"], run["name"]) == ("wbrun", "train", "fedavg · β=0.5 · seed 0")
     assert run["tags"] == {"fedavg", "digits", "dirichlet", "beta=0.5", "seed=0"}
     assert run["config"]["fed"]["rounds"] == 2 and "code_version" in run["config"]

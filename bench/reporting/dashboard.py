@@ -2,25 +2,27 @@
 built with the ``wandb-workspaces`` package from the table config alone (no record, no network).
 
 The runs are the table's W&B runs (``--wandb``, live or ``--render-only`` after the fact): their group is
-the table's experiment, their config holds ``row`` and ``beta`` (bench/reporting/wandb_logger.py), and
-every per-round chart has ``round`` as its x-axis. Both views hold:
+the table's experiment, their config holds ``row``, ``beta`` and ``partition_key`` (the column;
+bench/reporting/wandb_logger.py), and every per-round chart has ``round`` as its x-axis. Both views hold:
 
   per metric   a section: test/<metric> over rounds, mean ± std over seeds grouped by row (the report: one
-               panel per β), and a bar chart of each row's summary (the value at the table's round rule)
+               panel per column), and a bar chart of each row's summary (the value at the table's round rule)
   training     train/loss, lr and clients trained over rounds, by row
   communication  bytes up and down per round, by row
   time         round, train and eval seconds per round, by row
-  results      the logged results table (the table's CSV, paired Δ vs the baseline included)
+  results      the logged results table (the table's CSV, paired Δ vs the baseline included; the report's)
 
-The workspace groups its runs table by config.beta, then config.row; the report has one run set per β,
-grouped by config.row. Offline (no API key) the two specs are written as JSON to ``--out`` with how to
-publish them; with a key both are saved and their URLs printed.
+The workspace holds the table's train runs (job type train; up to all of them), its runs table grouped by
+config.partition_key (the column), then config.row, and its panels follow that grouping; the report has one
+run set per column, grouped by config.row. With the --set/--seeds/--rows a table was run with, the dashboard
+plans the table as `fedbench table` does (table_runner.planned_table): the same group, those rows. Offline
+(wandb_logger.wandb_mode: the one rule for W&B runs and the dashboard) the two specs are written as JSON to
+``--out`` with how to publish them; online both are saved and their URLs printed.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import netrc
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,36 +35,57 @@ from bench.reporting.flags import FlagParser
 TRAINING = ["train/loss", "lr", "clients_trained"]
 COMMUNICATION = ["comm/bytes_up", "comm/bytes_down"]
 TIME = ["time/round_seconds", "time/train_seconds", "time/eval_seconds"]
-GROUP_KEYS = ("beta", "row")  # config keys the workspace's runs table groups by, outermost first
+GROUP_KEYS = ("partition_key", "row")  # config keys the workspace's runs table groups by: column, then row
 RESULTS_SECTION = "results"
 NO_ENTITY = "YOUR-ENTITY"  # offline without --entity / $WANDB_ENTITY: replace before publishing
 
 
 @dataclass
 class TableView:
-    """What the dashboard shows of a table config: its name (<table>_<dataset>), the W&B project and
-    groups (experiments) of its runs, the logged metric keys, its rows and β values in table order."""
+    """What the dashboard shows of a table config as `fedbench table` runs it with the same --set, --seeds
+    and --rows: its name (<table>_<dataset>, or the reduced table's name), the W&B project and groups
+    (experiments) of its runs, the logged metric keys, its rows and β values in table order, the rows and
+    seeds chosen on the command line (None: all), and how many train runs it has."""
 
     name: str
     project: str
     groups: list[str]
     metrics: list[str]
     rows: list[str]
-    betas: list[float]
+    columns: dict[str, str]  # the runs' config.partition_key (the table's columns) -> its title (β=0.05, iid, ...)
+    chosen_rows: list[str] | None = None
+    chosen_seeds: list[int] | None = None
+    run_count: int = 0
 
 
-def table_view(config: str) -> TableView:
-    from bench.reporting.table_runner import load_table_config, plan_runs
+def table_view(config: str, sets: list[str] | None = None, seeds: str | None = None,
+               rows: list[str] | None = None) -> TableView:
+    """The view of the table's runs, planned as `fedbench table` plans them (table_runner.planned_table)."""
+    from bench.reporting.table_runner import distinct_runs, planned_table
+    from bench.reporting.wandb_logger import partition_key
 
-    spec = load_table_config(config)
-    runs = plan_runs(spec, None, check_records=False)
+    _, spec, overrides, runs = planned_table(config, sets, seeds, rows)
     if not runs:
         raise FedbenchError(f"{config}: the table plans no run, so there is nothing to show.")
-    return TableView(name=f"{spec['table']}_{spec['dataset']}", project=runs[0].cfg.wandb_project,
+    return TableView(name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"), project=runs[0].cfg.wandb_project,
                      groups=list(dict.fromkeys(r.cfg.experiment for r in runs)),
                      metrics=[f"test/{m}" for m in spec.get("metrics") or ["accuracy"]],
                      rows=list(dict.fromkeys(r.label for r in runs)),
-                     betas=list(dict.fromkeys(r.beta for r in runs if r.beta is not None)))
+                     columns={partition_key(r.cfg): f"β={r.beta:g}" if r.beta is not None else partition_key(r.cfg)
+                              for r in runs},
+                     chosen_rows=overrides.rows, chosen_seeds=overrides.seeds, run_count=len(distinct_runs(runs)))
+
+
+def train_filters(view: TableView) -> list:
+    """The table's train runs: its groups, job type train, and the rows and seeds chosen on the command line."""
+    from wandb_workspaces import expr
+
+    filters = [expr.Metric("Group").isin(view.groups), expr.Metric("JobType") == "train"]
+    if view.chosen_rows is not None:
+        filters.append(expr.Config("row").isin(view.chosen_rows))
+    if view.chosen_seeds is not None:
+        filters.append(expr.Config("seed").isin(view.chosen_seeds))
+    return filters
 
 
 def line(key: str, title: str | None = None, by_row: bool = True):
@@ -74,12 +97,15 @@ def line(key: str, title: str | None = None, by_row: bool = True):
                        groupby=wr.Config("row") if by_row else None, groupby_aggfunc="mean", groupby_rangefunc="stddev")
 
 
-def summary_bars(key: str, title: str | None = None):
-    """Each row's summary of ``key`` (the value at the table's round rule): mean ± std over seeds."""
+def summary_bars(key: str, title: str | None = None, by_row: bool = True):
+    """Each group's summary of ``key`` (the value at the table's round rule): mean ± std over seeds. The
+    groups are config.row (``by_row``: the report, one panel per β), else the runs table's (the workspace's:
+    column, then row, so that two columns of a row are two bars, never pooled)."""
     import wandb_workspaces.reports.v2 as wr
 
     return wr.BarPlot(title=title or f"{key} at the round rule", metrics=[key], orientation="v",
-                      groupby=wr.Config("row"), groupby_aggfunc="mean", groupby_rangefunc="stddev")
+                      groupby=wr.Config("row") if by_row else None, aggregate=True, groupby_aggfunc="mean",
+                      groupby_rangefunc="stddev")
 
 
 def results_panel():
@@ -91,42 +117,45 @@ def results_panel():
 
 
 def workspace(view: TableView, entity: str):
-    """The workspace: a section per metric, training, communication, time and results; its runs table
-    holds the table's runs grouped by config.beta then config.row, and panels follow that grouping."""
+    """The workspace: a section per metric, training, communication and time; its runs table holds the
+    table's train runs (train_filters; the results table is the report's, from the table run) grouped by
+    config.partition_key (the column) then config.row, and panels follow that grouping. It shows up to
+    every train run of the table."""
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces import expr
 
     def section(name: str, panels: list) -> Any:
         return ws.Section(name=name, panels=panels, is_open=True, panel_settings=ws.SectionPanelSettings(x_axis="round"))
 
-    sections = [section(m, [line(m, by_row=False), summary_bars(m)]) for m in view.metrics]
+    sections = [section(m, [line(m, by_row=False), summary_bars(m, by_row=False)]) for m in view.metrics]
     sections += [section("training", [line(k, by_row=False) for k in TRAINING]),
                  section("communication", [line(k, by_row=False) for k in COMMUNICATION]),
-                 section("time", [line(k, by_row=False) for k in TIME]),
-                 section(RESULTS_SECTION, [results_panel()])]
-    runset = ws.RunsetSettings(filters=[expr.Metric("Group").isin(view.groups)],
-                               groupby=[expr.Config(k) for k in GROUP_KEYS],
-                               pinned_columns=["config:row.value", "config:beta.value", "config:seed.value",
+                 section("time", [line(k, by_row=False) for k in TIME])]
+    runset = ws.RunsetSettings(filters=train_filters(view), groupby=[expr.Config(k) for k in GROUP_KEYS],
+                               pinned_columns=["config:row.value", "config:partition_key.value", "config:seed.value",
                                                *(f"summary:{m}" for m in view.metrics)])
     return ws.Workspace(entity=entity, project=view.project, name=f"fedbench {view.name}", sections=sections,
-                        settings=ws.WorkspaceSettings(x_axis="round", max_runs=100), runset_settings=runset)
+                        settings=ws.WorkspaceSettings(x_axis="round", max_runs=max(view.run_count, 1)),
+                        runset_settings=runset)
 
 
-def runset(view: TableView, entity: str, name: str, beta: float | None = None, job_type: str = "train"):
-    """The table's runs of ``job_type`` (of one β when given), grouped by config.row. ``entity`` "" (the
+def runset(view: TableView, entity: str, name: str, column: str | None = None, job_type: str = "train"):
+    """The table's runs of ``job_type`` (of one column, config.partition_key, when given), grouped by
+    config.row. ``entity`` "" (the
     offline spec): the run set names no project, whose id only W&B can look up (the report names it)."""
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
-    filters = [expr.Metric("Group").isin(view.groups), expr.Metric("JobType") == job_type]
-    if beta is not None:
-        filters.append(expr.Config("beta") == beta)
+    filters = train_filters(view) if job_type == "train" else [expr.Metric("Group").isin(view.groups),
+                                                               expr.Metric("JobType") == job_type]
+    if column is not None:
+        filters.append(expr.Config("partition_key") == column)
     return wr.Runset(entity=entity, project=view.project if entity else "", name=name, filters=filters,
                      groupby=["config.row"] if job_type == "train" else [])
 
 
 def report(view: TableView, entity: str, online: bool = True):
-    """The report: per metric, one panel grid per β (its curves by row, and the summary bars), then the
+    """The report: per metric, one panel grid per column (its curves by row, and the summary bars), then the
     training, communication and time curves by row, then the results table. Offline (``online`` false)
     its run sets name no entity and project (see ``runset``)."""
     import wandb_workspaces.reports.v2 as wr
@@ -135,12 +164,11 @@ def report(view: TableView, entity: str, online: bool = True):
 
     blocks: list = [wr.P(f"fedbench table {view.name}: runs grouped by config.row (mean ± std over seeds); "
                          "bars are each row's value at the table's round rule.")]
-    betas: list[float | None] = list(view.betas) or [None]
     for m in view.metrics:
         blocks.append(wr.H1(m))
-        for b in betas:
-            where = "" if b is None else f" · β={b:g}"
-            blocks.append(wr.PanelGrid(runsets=[runset(view, sets_entity, f"{view.name}{where}", b)],
+        for column, title in view.columns.items():
+            where = f" · {title}"
+            blocks.append(wr.PanelGrid(runsets=[runset(view, sets_entity, f"{view.name}{where}", column)],
                                        panels=[line(m, f"{m}{where}"), summary_bars(m, f"{m}{where} at the round rule")]))
     for title, keys in (("training", TRAINING), ("communication", COMMUNICATION), ("time", TIME)):
         blocks += [wr.H1(title), wr.PanelGrid(runsets=[runset(view, sets_entity, view.name)], panels=[line(k) for k in keys])]
@@ -158,17 +186,11 @@ def specs(view: TableView, entity: str) -> dict[str, dict]:
 
 
 def has_api_key() -> bool:
-    """Whether W&B can be reached with a key: $WANDB_API_KEY or a `wandb login` entry in ~/.netrc (and
-    WANDB_MODE not offline or disabled). Checked without any network call."""
-    if os.environ.get("WANDB_MODE") in ("offline", "dryrun", "disabled"):
-        return False
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("//")[-1].split("/")[0]
-        return netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
+    """Whether the dashboard publishes: the rule every W&B run we log follows (wandb_logger.wandb_mode:
+    $WANDB_MODE, else W&B's own key lookup, `wandb login` included) says online. No network call."""
+    from bench.reporting.wandb_logger import wandb_mode
+
+    return wandb_mode() == "online"
 
 
 def build_parser() -> FlagParser:
@@ -182,6 +204,11 @@ def build_parser() -> FlagParser:
     parser.add_argument("--preview", default=None, metavar="PNG",
                         help="also draw the dashboard's panels from the table's run records into this PNG (offline)")
     parser.add_argument("--output-dir", default=None, help="where the run records are, for --preview (default results/runs)")
+    # the table's run selection, as `fedbench table` takes it: the dashboard follows that table run's W&B group
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="the --set overrides the table was run with (its runs' group is then <table>_<dataset>__set-<hash>)")
+    parser.add_argument("--seeds", default=None, help="the --seeds the table was run with, e.g. 0 or 0,1")
+    parser.add_argument("--rows", action="append", default=None, help="the --rows the table was run with, e.g. FedAvg,FedBM")
     return parser
 
 
@@ -207,15 +234,24 @@ def publish(view: TableView, entity: str | None) -> list[str]:
     return [saved_ws.url, saved_report.url]
 
 
+def selection(args) -> str:
+    """``--config X`` and the table run's --set/--seeds/--rows, as the command line to repeat."""
+    import shlex
+
+    flags = [("--set", v) for v in args.set] + [("--seeds", args.seeds)] * (args.seeds is not None)
+    return shlex.join(["--config", args.config, *(x for f, v in flags + [("--rows", r) for r in args.rows or []]
+                                                  for x in (f, v))])
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    view = table_view(args.config)
+    view = table_view(args.config, args.set, args.seeds, args.rows)
     if args.preview:
         from bench.reporting.dashboard_preview import draw_preview, logged_runs
-        from bench.reporting.table_runner import load_table_config, plan_runs
+        from bench.reporting.table_runner import planned_table
 
-        spec = load_table_config(args.config)
-        runs = logged_runs(spec, plan_runs(spec, args.output_dir, check_records=False))
+        _, spec, _, planned = planned_table(args.config, args.set, args.seeds, args.rows, output_dir=args.output_dir)
+        runs = logged_runs(spec, planned)
         print(f"preview of {len(runs)} runs: {draw_preview(view.name, view.metrics, runs, args.preview)}")
     entity = args.entity or os.environ.get("WANDB_ENTITY")
     if has_api_key():
@@ -226,7 +262,7 @@ def main(argv: list[str]) -> int:
     print("written: " + ", ".join(str(p) for p in paths))
     print(f"Offline (no W&B API key): nothing was published. To publish: upload the table's runs "
           f"(`wandb sync {os.environ.get('WANDB_DIR') or 'results/wandb'}/wandb/offline-run-*`), then, with a key "
-          f"(`wandb login` or WANDB_API_KEY), run `fedbench dashboard --config {args.config}"
+          f"(`wandb login` or WANDB_API_KEY), run `fedbench dashboard {selection(args)}"
           f"{'' if entity else ' --entity <your entity>'}`: it saves the workspace and the report and prints "
           "their URLs.")
     return 0

@@ -18,12 +18,14 @@ def _save(fig, path: Path) -> None:
 
 
 def curve_of(record: dict, key: str) -> tuple[list[int], list[float]]:
-    """(round numbers starting at 1, values) of ``key`` over the rounds that evaluated it."""
+    """(round numbers, values) of ``key`` over the rounds that evaluated it. Rounds are numbered as the
+    record's history, W&B's ``round`` and ``reported_round`` number them: from 0 (round r is the
+    evaluation after r + 1 rounds of training)."""
     xs, ys = [], []
     for entry in record.get("history", []):
         value = (entry.get("metrics") or {}).get(key)
         if value is not None:
-            xs.append(entry["round"] + 1)
+            xs.append(entry["round"])
             ys.append(value)
     return xs, ys
 

@@ -339,6 +339,20 @@ def build_parser() -> FlagParser:
     return parser
 
 
+def planned_table(config: str, sets: list[str] | None = None, seeds: str | None = None, rows: list[str] | None = None,
+                  folds: str | None = None, output_dir: str | None = None
+                  ) -> tuple[dict, dict, TableOverrides, list[PlannedRun]]:
+    """(the table config, the config as selected by --seeds/--rows/--folds, the command-line overrides, the
+    planned runs with the overrides applied: their experiments are their records' folders and W&B groups).
+    `fedbench table` and `fedbench dashboard` both plan a table through this, so that they agree."""
+    full_spec = load_table_config(config)
+    overrides = TableOverrides.parse(full_spec, sets, seeds, rows, folds)
+    spec = overrides.select(full_spec)
+    runs = plan_runs(spec, output_dir, check_records=False)
+    overrides.apply(runs)
+    return full_spec, spec, overrides, runs
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -349,17 +363,17 @@ def main(argv: list[str]) -> int:
 
     if args.data_home:
         set_data_home(args.data_home)
-    full_spec = load_table_config(args.config)
+    full_spec, spec, overrides, runs = planned_table(args.config, args.set, args.seeds, args.rows, args.folds,
+                                                     args.output_dir)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
-    overrides = TableOverrides.parse(full_spec, args.set, args.seeds, args.rows, args.folds)
-    spec = overrides.select(full_spec)
-    runs = plan_runs(spec, args.output_dir, check_records=False)
-    overrides.apply(runs)
+    in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
+    trained: list[PlannedRun] = []
     if args.render_only:
         check_render_plan(runs)
     else:
         check_plan(runs, spec, args, overrides)
-        if execute(runs, spec, args, overrides.record()) != 0:
+        rank, trained = execute(runs, spec, args, overrides.record())
+        if rank != 0:
             return 0  # other ranks: rank 0 renders
         if args.shard is not None:
             waiting = [r for r in distinct_runs(runs) if record_status(r.cfg)[1] != "up to date"]
@@ -376,24 +390,58 @@ def main(argv: list[str]) -> int:
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))
     if args.wandb:
-        log_to_wandb(runs, spec, paths, args, replay=args.render_only)
+        log_to_wandb(runs, spec, paths, args, in_wandb, trained)
     return 0
 
 
-def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, replay: bool) -> None:
-    """The rendered table (a wandb.Table equal to its CSV, and its figures) to W&B; with ``replay``
-    (--render-only --wandb) first every record as the train run a live --wandb run would have logged,
-    without rerunning anything (bench/reporting/wandb_logger.py log_record)."""
-    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags
+def wandb_ids(r: PlannedRun) -> tuple[str, ...]:
+    """The W&B ids (wandb_logger.wandb_run_id) ``r`` is logged under: the current code's, and its record's
+    when that was written by other code (rendered, not rerun, with --render-only)."""
+    from bench.reporting.wandb_logger import wandb_run_id
+
+    path = find_record(r.cfg)
+    try:
+        kept = load_record(path).get("code_version") if path is not None else None
+    except RecordError:
+        kept = None
+    codes = [code_version()] if kept is None else [kept, code_version()]
+    return tuple(dict.fromkeys(wandb_run_id(r.cfg, code) for code in codes))
+
+
+def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
+    """The ids of the table's train runs that W&B's files under ``directory`` already hold, finished."""
+    from bench.reporting.wandb_logger import logged
+
+    return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
+
+
+def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str],
+                 trained: list[PlannedRun]) -> None:
+    """Every record of the table as a W&B train run, once: a run W&B held before this command
+    (``in_wandb``) is skipped, one this command ran (``trained``) was logged live, any other is replayed from its
+    record (bench/reporting/wandb_logger.py log_record: what a live run would have logged, under the same
+    id; nothing is rerun). Then the rendered table (a wandb.Table equal to its CSV, and its figures)."""
+    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags, wandb_run_id
 
     project = runs[0].cfg.wandb_project
-    if replay:
-        found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
-        for _, rec in found:  # every record checked before the first is logged
-            replayed_rows(rec)
-        for r, rec in tqdm(found, desc="W&B: records", unit="run"):
-            log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir)
-        print(f"W&B: logged {len(found)} run records with their per-round histories")
+    found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
+    live = {run_record_path(r.cfg) for r in trained}
+    counts = Counter()
+    replay = []
+    for r, rec in found:
+        run_id = wandb_run_id(r.cfg, rec.get("code_version"))
+        state = ("skipped" if run_id in in_wandb else "logged" if run_record_path(r.cfg) in live else "replayed")
+        counts[state] += 1
+        if state == "replayed":
+            replay.append((r, rec, run_id))
+    for _, rec, _ in replay:  # every record checked before the first is logged
+        replayed_rows(rec)
+    for r, rec, run_id in tqdm(replay, desc="W&B: records", unit="run", disable=not replay):
+        log_record(rec, wandb_identity(r, spec, rec.get("overrides")), run_tags(r.cfg), project, args.wandb_dir, run_id)
+    missing = len(distinct_runs(runs)) - len(found)
+    print(f"W&B: {counts['logged']} train runs logged, {counts['replayed']} replayed from their records, "
+          f"{counts['skipped']} skipped (already in W&B under their ids)"
+          + (f", {missing} without a record" if missing else ""))
     figures = {k: v for k, v in paths.items() if k not in ("md", "csv", "json")}
     table = json.loads(Path(paths["json"]).read_text())
     print(f"W&B table run: {log_table(table, paths['csv'], figures, project, args.wandb_dir)}")
@@ -507,9 +555,10 @@ def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
     return run_identity(r.cfg, table=spec["table"], row=r.label, round_rule=rule, overridden=bool(annotations))
 
 
-def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None) -> int:
-    """Run the runs without a matching record; returns this process's global rank. ``annotations``
-    (the command-line overrides) are stored in every record and W&B run."""
+def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None
+            ) -> tuple[int, list[PlannedRun]]:
+    """Run the runs without a matching record; returns this process's global rank and the runs it ran.
+    ``annotations`` (the command-line overrides) are stored in every record and W&B run."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
@@ -530,7 +579,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
         print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
               f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
-        return 0
+        return 0, todo
     check_data(todo)  # fail at once (missing or bad data) before any run starts
     for r in todo:  # devices were set by check_plan
         # one process: the run's round bar nests under the table's bar (rank 0); --jobs workers stay quiet
@@ -541,7 +590,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
 
         run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
                  lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations))
-        return 0
+        return 0, todo
     fabric = launch(make_fabric(todo[0].cfg))
     bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
     for r in bar:
@@ -550,4 +599,4 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
                                                               wandb_identity(r, spec, annotations)),
                        annotations=annotations)
     wait_for_launched_ranks(fabric)
-    return fabric.global_rank
+    return fabric.global_rank, todo

@@ -5,11 +5,13 @@ tagged by method, dataset, partition scheme, beta and seed, with the run config,
 metrics and a final summary. A rendered table is logged as a ``wandb.Table`` (plus its figures) in
 one more run of the group, job_type "table". Files go under ``directory`` (default: ``$WANDB_DIR``,
 else results/wandb); offline runs land in ``<directory>/wandb/offline-run-*`` and can be uploaded
-later with ``wandb sync``.
+later with ``wandb sync``. A train run's W&B id is its record identity (wandb_run_id), so a replay or a
+rerun of the same result is the same W&B run; whether to go online is one rule (wandb_mode).
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,88 @@ def table_rows(csv_path: str, cells: list[dict]) -> tuple[list[str], list[list[A
 
 def default_dir() -> str:
     return os.environ.get("WANDB_DIR") or "results/wandb"
+
+
+def api_key() -> str | None:
+    """The API key W&B itself would use, by W&B's own lookup (what ``wandb.api.api_key`` returns, without
+    its deprecation notice): the session's credentials, $WANDB_API_KEY, a `wandb login` entry in the netrc
+    file for W&B's host, or the settings files' key. No network call."""
+    try:  # wandb >= 0.22 (requirements.lock pins 0.31): the lookup behind wandb.api.api_key
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # another wandb: its public (deprecated) property
+        import wandb
+
+        return wandb.api.api_key
+    settings = wandb_setup.singleton().settings
+    auth = wbauth.session_credentials(host=settings.base_url)
+    if isinstance(auth, wbauth.AuthApiKey):
+        return auth.api_key
+    return os.environ.get("WANDB_API_KEY") or wbauth.read_netrc_auth(host=settings.base_url) or settings.api_key
+
+
+def wandb_mode() -> str:
+    """The one rule for going online, used by every W&B run we log and by `fedbench dashboard`:
+    $WANDB_MODE when set (``dryrun`` is ``offline``), else ``online`` when W&B has a key (api_key: the
+    environment or `wandb login`), else ``offline``."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode:
+        return "offline" if mode == "dryrun" else mode
+    return "online" if api_key() else "offline"
+
+
+def wandb_run_id(cfg, code: str | None) -> str:
+    """A train run's W&B id: its record identity (experiment, record name: run name and result identity)
+    and the code version that made its numbers, hashed. A replay of its record, or the same run again,
+    gets the same id, so W&B holds one run per result (never a seed twice in a group's mean)."""
+    key = f"{cfg.experiment}/{cfg.record_name()}/{code}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def table_run_id(group: str, name: str) -> str:
+    """A table run's W&B id: one run per rendered table (``name``, the table's file stem) in its group;
+    rendering it again updates that run."""
+    return hashlib.sha1(f"{group}/{name}/table".encode()).hexdigest()[:16]
+
+
+def run_files(directory: str | None, run_id: str) -> list[Path]:
+    """The run files (``run-<id>.wandb``) W&B wrote for ``run_id`` under ``directory``, offline or online."""
+    root = Path(directory or default_dir()) / "wandb"
+    return sorted(root.glob(f"*run-*-{run_id}/run-{run_id}.wandb"))
+
+
+def logged(directory: str | None, run_id: str) -> bool:
+    """Whether W&B's files under ``directory`` hold the run ``run_id`` finished (its exit record with
+    exit code 0): logging it again would only repeat it."""
+    return any(exit_code(path) == 0 for path in run_files(directory, run_id))
+
+
+LOG_BLOCK, LOG_HEADER = 32768, 7  # wandb's run file: 32 KiB blocks of records (crc32, length, type)
+
+
+def exit_code(path: Path) -> int | None:
+    """The exit code in a W&B run file's exit record (None: the run never finished, e.g. killed). The file
+    is a LevelDB-style log of wandb.proto ``Record`` messages; a torn last record ends the scan."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    pos, pending, code = LOG_HEADER, b"", None
+    while pos + LOG_HEADER <= len(data):
+        if LOG_BLOCK - pos % LOG_BLOCK < LOG_HEADER:  # block trailer padding
+            pos += LOG_BLOCK - pos % LOG_BLOCK
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending = (b"" if kind in (0, 1, 2) else pending) + data[pos + LOG_HEADER:pos + LOG_HEADER + length]
+        pos += LOG_HEADER + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            rec = pb.Record()
+            try:
+                rec.ParseFromString(pending)
+            except Exception:  # noqa: BLE001 (a torn record: the run did not finish writing)
+                return code
+            if rec.WhichOneof("record_type") == "exit":
+                code = rec.exit.exit_code
+    return code
 
 
 def partition_key(cfg) -> str:
@@ -106,17 +190,19 @@ class WandbRun:
     """A thin wrapper so that the orchestrator never imports wandb when it is disabled."""
 
     def __init__(self, enabled: bool, project: str, group: str, name: str, tags: list[str], config: dict,
-                 directory: str | None = None, job_type: str = "train") -> None:
+                 directory: str | None = None, job_type: str = "train", run_id: str | None = None) -> None:
+        """``run_id`` (wandb_run_id, table_run_id): the run W&B continues when it already has it (online:
+        resumed; offline: ``wandb sync`` uploads every file of the id into that one run)."""
         self.run = None
         if not enabled:
             return
         import wandb
 
         directory = directory or default_dir()
-        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=project, group=group, name=name, tags=tags, config=config, dir=directory,
-                              mode=mode, job_type=job_type, reinit="finish_previous")
+                              mode=wandb_mode(), job_type=job_type, reinit="finish_previous", id=run_id,
+                              resume="allow" if run_id else None)
 
     def fabric_logger(self):
         """wandb's Fabric logger (wandb.integration.lightning.fabric.WandbLogger) on this run, with ``round``
@@ -158,12 +244,16 @@ class WandbObserver(RunObserver):
         self.identity = identity  # run_identity(...) of its table row; None: a single run's own
         self.run: WandbRun | None = None
         self.logger = None
+        self.skipped = False  # W&B already holds this run, finished (``logged``): not logged again
 
     def start(self, cfg: RunConfig, rank: int) -> None:
         self.identity = self.identity or run_identity(cfg, overridden=bool(self.annotations))
-        self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, display_name(self.identity), run_tags(cfg),
+        run_id = wandb_run_id(cfg, code_version())
+        self.skipped = rank == 0 and logged(self.directory, run_id)
+        self.run = WandbRun(rank == 0 and not self.skipped, cfg.wandb_project, cfg.experiment,
+                            display_name(self.identity), run_tags(cfg),
                             {**cfg.to_dict(), "code_version": code_version(), **self.annotations, **self.identity},
-                            self.directory)
+                            self.directory, run_id=run_id)
         self.logger = self.run.fabric_logger()
 
     def loggers(self) -> list:
@@ -218,7 +308,7 @@ def log_table(table: dict, csv_path: str, figures: dict[str, str], project: str,
               "setup": table.get("setup")}
     group = table.get("experiment") or name  # the group of the table's runs
     run = WandbRun(True, project, group, f"{name}-table", ["table", table["table"], table["dataset"]], config,
-                   directory, job_type="table")
+                   directory, job_type="table", run_id=table_run_id(group, name))
     columns, rows = table_rows(csv_path, table["cells"])
     media: dict[str, Any] = {RESULTS_KEY: wandb.Table(columns=columns, data=rows)}
     media.update({f"figures/{key.replace(' ', '_')}": wandb.Image(path) for key, path in figures.items() if Path(path).exists()})
@@ -246,15 +336,16 @@ def replayed_rows(record: dict) -> list[dict[str, Any]]:
 
 
 def log_record(record: dict, identity: dict[str, Any], tags: list[str], project: str,
-               directory: str | None = None) -> str | None:
+               directory: str | None = None, run_id: str | None = None) -> str | None:
     """One finished run's record as a W&B train run, after the fact: the same group, name, tags, config
-    (the record's config, code version and command-line overrides, with ``identity``) and summary as a
-    live run, and its per-round history through the same Fabric logger at the same steps. Returns
-    the run's local files directory."""
+    (the record's config, code version and command-line overrides, with ``identity``), id (``run_id``:
+    wandb_run_id of the record's run and code version) and summary as a live run, and its per-round
+    history through the same Fabric logger at the same steps. Returns the run's local files directory."""
     config = {**record["config"], "code_version": record.get("code_version"),
               **({"overrides": record["overrides"]} if record.get("overrides") else {}), **identity}
     rows = replayed_rows(record)
-    run = WandbRun(True, project, record["experiment"], display_name(identity), tags, config, directory)
+    run = WandbRun(True, project, record["experiment"], display_name(identity), tags, config, directory,
+                   run_id=run_id)
     logger = run.fabric_logger()
     for row in rows:
         logger.log_metrics(row, step=row["round"])
