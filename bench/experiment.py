@@ -24,6 +24,7 @@ from bench.central import as_one_client
 from bench.cluster import fabric_layout
 from bench.code_version import code_version
 from bench.config import PRECISION_DTYPES, RunConfig
+from bench.core import compat
 from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
@@ -90,6 +91,7 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     its own GPU, bench/cluster.py) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
+    compat.check()  # a torch or Lightning whose internals fedbench uses have changed: one error, before any rank
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
         prepare_master_port(cfg.num_nodes)  # a busy MASTER_PORT: one line, before any rank starts
