@@ -519,7 +519,7 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
     counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
-        "code_version": code_version(), "versions": package_versions(),
+        "code_version": code_version(cfg), "versions": package_versions(),
         "method": cfg.method.name, "dataset": cfg.data.name, "data_root": dm.root, **(annotations or {}),
         "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),

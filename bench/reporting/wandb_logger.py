@@ -162,7 +162,7 @@ class WandbObserver(RunObserver):
     def start(self, cfg: RunConfig, rank: int) -> None:
         self.identity = self.identity or run_identity(cfg, overridden=bool(self.annotations))
         self.run = WandbRun(rank == 0, cfg.wandb_project, cfg.experiment, display_name(self.identity), run_tags(cfg),
-                            {**cfg.to_dict(), "code_version": code_version(), **self.annotations, **self.identity},
+                            {**cfg.to_dict(), "code_version": code_version(cfg), **self.annotations, **self.identity},
                             self.directory)
         self.logger = self.run.fabric_logger()
 
