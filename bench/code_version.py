@@ -44,6 +44,7 @@ from typing import Any
 from bench.core.paths import REPO_ROOT
 
 ENGINE = "bench.experiment"
+PACKAGES = ("bench", "datamodules", "lightning_modules")
 IDENTITY_MODULES = frozenset({"bench.code_version"})  # the identity itself: it changes no number
 # part kind -> (the folder whose modules the registry discovers, the registry's name)
 REGISTRIES = {"method": ("lightning_modules", "METHODS"), "data": ("datamodules", "DATASETS"),
@@ -93,12 +94,12 @@ def imports_in(source: bytes, package: str) -> frozenset[str]:
 def import_graph(root: Path) -> dict[Path, set[Path]]:
     """Every module of the tree's packages -> the modules within the tree it imports (and the
     ``__init__.py`` of every package on the way)."""
-    files = [p for pkg in ("bench", "datamodules", "lightning_modules") for p in (root / pkg).rglob("*.py")]
+    files = [p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")]
     found: dict[str, Path | None] = {}
 
-    def resolve(name: str) -> Path | None:
+    def resolve(name: str) -> Path | None:  # only the three packages (installed, root is site-packages)
         if name not in found:
-            found[name] = module_path(name, root)
+            found[name] = module_path(name, root) if name.split(".")[0] in PACKAGES else None
         return found[name]
 
     graph = {}

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version, same_code
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.core.paths import plain_name
+from bench.core.paths import plain_name, shipped
 from bench.records import (
     RecordError,
     bare_record_path,
@@ -85,7 +85,7 @@ class PlannedRun:
 
 
 def load_table_config(path: str) -> dict[str, Any]:
-    tables = Path("configs/tables")
+    tables = shipped("configs/tables")
     avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
     spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
     for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
