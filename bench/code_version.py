@@ -195,11 +195,15 @@ class Tree:
         discovered = frozenset(p for names in self.registered.values() for p in names.values())
         self.engine_files = closure([module_path(ENGINE, root)], self.graph, root, skip=discovered)
         self.engine = part_hash(self.engine_files, root)
+        self.hashes: dict[tuple[str, str], str | None] = {}
 
     def part(self, kind: str, name: str) -> str | None:
         """The hash of a registered module's closure beyond the engine, or None (nothing registers it)."""
-        path = self.registered[kind].get(name)
-        return None if path is None else part_hash(closure([path], self.graph, self.root) - self.engine_files, self.root)
+        if (kind, name) not in self.hashes:
+            path = self.registered[kind].get(name)
+            self.hashes[kind, name] = None if path is None else \
+                part_hash(closure([path], self.graph, self.root) - self.engine_files, self.root)
+        return self.hashes[kind, name]
 
     def parts(self) -> dict[str, Any]:
         """Every part: ``engine``, and kind -> registered name -> hash."""
