@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.code_version import code_version
+from bench.code_version import code_version, same_code
 from bench.config import RunConfig, config_differences, result_config
 from bench.core.atomic_io import atomic_torch_save
 from bench.core.errors import FedbenchError, first_line
@@ -68,14 +68,14 @@ def bound_config(cfg: RunConfig) -> dict[str, Any]:
 def binding(cfg: RunConfig, data_fingerprint: str) -> dict[str, Any]:
     config = bound_config(cfg)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-    return {"config": config, "config_hash": digest, "code_version": code_version(), "data": data_fingerprint}
+    return {"config": config, "config_hash": digest, "code_version": code_version(cfg), "data": data_fingerprint}
 
 
 def binding_differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if not old:
         return ["(checkpoint written by a fedbench without a config binding)"]
     diffs = [] if old.get("config_hash") == new["config_hash"] else config_differences(old["config"], new["config"])
-    if old.get("code_version") != new["code_version"]:
+    if not same_code(old.get("code_version"), new["config"]):  # a legacy version: by its tree's parts
         diffs.append(f"code version: {old.get('code_version')!r} -> {new['code_version']!r}")
     if old.get("data") != new["data"]:
         diffs.append("data files: changed since the checkpoint (files added, removed or modified)")

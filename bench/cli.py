@@ -92,8 +92,13 @@ def boolean_flags() -> list[str]:
 
 
 def run_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
-    """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag."""
-    return bare_booleans(respell(argv, parser._option_string_actions), boolean_flags())
+    """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag and a --config not
+    in the working directory looked up in the checkout or the installed package (bench.core.paths.shipped)."""
+    from bench.core.paths import shipped
+
+    argv = bare_booleans(respell(argv, parser._option_string_actions), boolean_flags())
+    return [str(shipped(a)) if i and argv[i - 1] == "--config" else
+            f"--config={shipped(a.split('=', 1)[1])}" if a.startswith("--config=") else a for i, a in enumerate(argv)]
 
 
 def parse_run(argv: list[str]) -> RunConfig:

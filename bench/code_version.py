@@ -1,31 +1,55 @@
-"""The code version a run record was computed with: a hash of the sources that determine results.
+"""The code version a run record was computed with: a hash of the code that can change its numbers.
 
 A table rerun skips a run only when its record has the same result-config and the same code
-version. The version hashes (relative path, contents) of
+version; a resume needs the same version too. A run's version hashes four parts, each the static
+import closure (module- and function-level imports read with ``ast``, followed within this
+repository) of
 
-- every module of ``bench/core``, ``datamodules`` and ``lightning_modules`` (the dataset and method
-  registries import those packages wholesale), and
-- every module in the static import closure of ``bench.experiment``: the imports of each file,
-  module- and function-level, read with ``ast`` and followed within this repository. That is the
-  round core (``bench/*.py``) and nothing above it.
+- the round engine: ``bench.experiment`` (the round loop, aggregation, evaluation, records, the
+  base classes of methods and data modules, the partitioner), without the modules the registries
+  discover (those are parts of their own);
+- the method: the module registering ``method.name`` (``@METHODS.register("fedrs")``) and what it
+  imports (its components, the classes it extends);
+- the data module(s): the module registering ``data.name`` (and ``data.test_dataset``);
+- the partition scheme: the module registering ``partition.scheme``.
 
-``bench/reporting`` (tables, plots, W&B, the table and regression runners, benchmarks) and
-``bench/cli.py`` sit above the round core (tests/test_layering.py), so they are outside the closure
-by construction: editing them does not invalidate records, while any change to a method, a loader,
-the partitioner or the round loop does. Content hashing (not the git commit) means an unrelated
-commit keeps records valid and uncommitted edits count.
+Each module counts by its name and its normalised syntax tree: comments, docstrings and other bare
+strings, line numbers and layout do not count. So a docstring edit changes no version, an edit to
+FedRS's loss changes the version of FedRS's runs only, and an edit to the round engine changes every
+run's. ``bench/reporting`` and ``bench/cli.py`` sit above the engine (tests/test_layering.py) and are
+outside every closure; this module (the identity itself) is left out too. Registrations are found
+statically, so the version of any tree (a temporary copy in the tests) is computed without importing it.
+
+Records written before this scheme carry a whole-tree hash of raw bytes (the *legacy* version).
+They are judged by a compatible rule, without rewriting any record: ``legacy_code_versions.json``
+maps each known legacy version to parts, so such a record is current exactly when the parts its run
+depends on equal this checkout's. A tree registered as it is keeps its own parts; a tree registered
+with a declaration (a one-time migration: the changes since it move no number) gets the parts of the
+checkout that declared it, and lists the parts that differed (``changed_since_tree``) for review.
+``python -m bench.code_version register-legacy TREE NOTE [WHY]`` adds one. An unknown legacy version
+counts as changed code. The entry for commit 3fda314 (``c78d9d36c5aa``) is declared: since it, only
+this identity and bench/core/compat.py changed (the engine and FedBM's part).
 """
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 from bench.core.paths import REPO_ROOT
 
-WHOLE_PACKAGES = ("bench/core", "datamodules", "lightning_modules")
-ENTRY = "bench.experiment"
+ENGINE = "bench.experiment"
+PACKAGES = ("bench", "datamodules", "lightning_modules")
+IDENTITY_MODULES = frozenset({"bench.code_version"})  # the identity itself: it changes no number
+# part kind -> (the folder whose modules the registry discovers, the registry's name)
+REGISTRIES = {"method": ("lightning_modules", "METHODS"), "data": ("datamodules", "DATASETS"),
+              "partition": ("datamodules/partitions", "PARTITION_SCHEMES")}
+LEGACY_FILE = Path(__file__).with_name("legacy_code_versions.json")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -47,8 +71,14 @@ def imported_modules(path: Path, module: str) -> set[str]:
     """Every module the source file of ``module`` imports, at module or function level (relative
     imports resolved); ``from a import b`` yields ``a`` and ``a.b`` (b may be a submodule)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return set(imports_in(path.read_bytes(), package))
+
+
+@functools.cache
+def imports_in(source: bytes, package: str) -> frozenset[str]:
+    """The modules a source imports (see imported_modules), relative imports resolved from ``package``."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(syntax_tree(source)):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -58,36 +88,229 @@ def imported_modules(path: Path, module: str) -> set[str]:
                 base = ".".join(parent + ([node.module] if node.module else []))
             out.add(base)
             out.update(f"{base}.{alias.name}" for alias in node.names)
-    return out
+    return frozenset(out)
 
 
-def source_files(root: Path = REPO_ROOT) -> list[Path]:
-    """The result-determining sources: the whole packages plus the import closure of ENTRY (and the
-    ``__init__.py`` of every package on the way), sorted by relative path."""
-    todo = [path for pkg in WHOLE_PACKAGES for path in (root / pkg).rglob("*.py")]
-    todo.append(module_path(ENTRY, root))
-    seen: set[Path] = set()
+def import_graph(root: Path) -> dict[Path, set[Path]]:
+    """Every module of the tree's packages -> the modules within the tree it imports (and the
+    ``__init__.py`` of every package on the way)."""
+    files = [p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")]
+    found: dict[str, Path | None] = {}
+
+    def resolve(name: str) -> Path | None:  # only the three packages (installed, root is site-packages)
+        if name not in found:
+            found[name] = module_path(name, root) if name.split(".")[0] in PACKAGES else None
+        return found[name]
+
+    graph = {}
+    for path in files:
+        names = imported_modules(path, module_name(path, root))
+        graph[path] = {dep for name in names for i in range(1, name.count(".") + 2)
+                       if (dep := resolve(".".join(name.split(".")[:i]))) is not None}
+    return graph
+
+
+def closure(start: list[Path], graph: dict[Path, set[Path]], root: Path, skip: frozenset[Path] = frozenset()) -> set[Path]:
+    """The files of ``start`` and every module they import within the tree, not following into
+    ``skip`` or the identity modules."""
+    todo, seen = list(start), set()
     while todo:
         path = todo.pop()
-        if path is None or path in seen:
+        if path in seen or path in skip or module_name(path, root) in IDENTITY_MODULES:
             continue
         seen.add(path)
-        for name in imported_modules(path, module_name(path, root)):
-            parts = name.split(".")
-            todo.extend(module_path(".".join(parts[:i]), root) for i in range(1, len(parts) + 1))
-    return sorted(seen, key=lambda p: p.relative_to(root).as_posix())
+        todo.extend(graph.get(path, ()))
+    return seen
 
 
-def compute_code_version(root: Path = REPO_ROOT) -> str:
-    """12 hex digits of the SHA-1 over (relative path, contents) of the result-determining sources."""
-    digest = hashlib.sha1()
-    for path in source_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+def registered_names(path: Path, registry: str) -> list[str]:
+    """The names a module registers: ``@REGISTRY.register("name")`` or ``REGISTRY.register("name")(...)``."""
+    return list(names_registered(path.read_bytes(), registry))
 
 
 @functools.cache
-def code_version() -> str:
-    """The current checkout's code version (computed once per process)."""
-    return compute_code_version()
+def names_registered(source: bytes, registry: str) -> tuple[str, ...]:
+    out = []
+    for node in ast.walk(syntax_tree(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register" \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == registry \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            out.append(node.args[0].value)
+    return tuple(out)
+
+
+def registrations(root: Path) -> dict[str, dict[str, Path]]:
+    """kind -> registered name -> the module registering it: the modules each registry discovers (the
+    top-level modules of its folder not starting with ``_``), read statically."""
+    out: dict[str, dict[str, Path]] = {}
+    for kind, (folder, registry) in REGISTRIES.items():
+        out[kind] = {name: path for path in sorted((root / folder).glob("[!_]*.py"))
+                     for name in registered_names(path, registry)}
+    return out
+
+
+@functools.cache
+def syntax_tree(source: bytes) -> ast.Module:
+    """A module's syntax tree, parsed once per content (never mutated)."""
+    return ast.parse(source)
+
+
+def bare_string(node: Any) -> bool:
+    """A statement that is only a string (a docstring, an attribute docstring): it does nothing."""
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def canonical(node: Any) -> str:
+    """A stable text of a syntax tree: node types and their non-empty fields, without positions,
+    comments (the parser drops them) or bare string statements (unlike ``ast.dump``, the same across
+    Python versions that only add optional fields)."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={canonical(value)}" for name in node._fields
+                  if (value := getattr(node, name, None)) is not None and value != []]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(canonical(item) for item in node if not bare_string(item))}]"
+    return repr(node)
+
+
+@functools.cache
+def normalised_digest(source: bytes) -> str:
+    """The SHA-1 of a module's source with comments, docstrings and layout taken out."""
+    return hashlib.sha1(canonical(syntax_tree(source)).encode()).hexdigest()
+
+
+def part_hash(files: set[Path], root: Path) -> str:
+    """12 hex digits over (module name, normalised source) of ``files``, in module-name order."""
+    digest = hashlib.sha1()
+    for name, path in sorted((module_name(p, root), p) for p in files):
+        digest.update(f"{name}\0{normalised_digest(path.read_bytes())}\0".encode())
+    return digest.hexdigest()[:12]
+
+
+class Tree:
+    """The parts of the tree at ``root``, each computed when first asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.graph, self.registered = root, import_graph(root), registrations(root)
+        discovered = frozenset(p for names in self.registered.values() for p in names.values())
+        self.engine_files = closure([module_path(ENGINE, root)], self.graph, root, skip=discovered)
+        self.engine = part_hash(self.engine_files, root)
+        self.hashes: dict[tuple[str, str], str | None] = {}
+
+    def part(self, kind: str, name: str) -> str | None:
+        """The hash of a registered module's closure beyond the engine, or None (nothing registers it)."""
+        if (kind, name) not in self.hashes:
+            path = self.registered[kind].get(name)
+            self.hashes[kind, name] = None if path is None else \
+                part_hash(closure([path], self.graph, self.root) - self.engine_files, self.root)
+        return self.hashes[kind, name]
+
+    def parts(self) -> dict[str, Any]:
+        """Every part: ``engine``, and kind -> registered name -> hash."""
+        return {"engine": self.engine, **{kind: {name: self.part(kind, name) for name in names}
+                                           for kind, names in self.registered.items()}}
+
+    def version(self, cfg: Any) -> str | None:
+        """A run's code version (RunConfig or its dict), or None when nothing registers one of its names."""
+        names = run_names(cfg)
+        return combine({"engine": self.engine, **{kind: {n: self.part(kind, n) for n in kind_names}
+                                                  for kind, kind_names in names.items()}}, names)
+
+
+def run_names(cfg: Any) -> dict[str, list[str]]:
+    """kind -> the registered names a run uses, from a RunConfig or its ``to_dict()``."""
+    get = (lambda group, key: (cfg.get(group) or {}).get(key)) if isinstance(cfg, dict) \
+        else (lambda group, key: getattr(getattr(cfg, group), key))
+    data = [get("data", "name")] + ([get("data", "test_dataset")] if get("data", "test_dataset") else [])
+    return {"method": [get("method", "name")], "data": data, "partition": [get("partition", "scheme")]}
+
+
+def combine(parts: dict[str, Any], names: dict[str, list[str]]) -> str | None:
+    """A run's code version from a tree's parts: 12 hex digits over the engine and the run's named
+    parts, or None when the tree has no module registering one of the names."""
+    chosen = [("engine", parts["engine"])]
+    for kind, kind_names in names.items():
+        for name in kind_names:
+            if parts[kind].get(name) is None:
+                return None
+            chosen.append((f"{kind}:{name}", parts[kind][name]))
+    return hashlib.sha1(json.dumps(chosen).encode()).hexdigest()[:12]
+
+
+def compute_code_version(cfg: Any, root: Path = REPO_ROOT) -> str | None:
+    """The code version of a run (RunConfig or its dict) in the tree at ``root``, read afresh."""
+    return Tree(root).version(cfg)
+
+
+@functools.cache
+def current_tree() -> Tree:
+    """This checkout (read once per process)."""
+    return Tree(REPO_ROOT)
+
+
+def code_version(cfg: Any) -> str:
+    """The code version of a run in this checkout (``unregistered`` for a name no module registers:
+    validation refuses such a run before it starts)."""
+    return current_tree().version(cfg) or "unregistered"
+
+
+@functools.cache
+def legacy_versions() -> dict[str, dict[str, Any]]:
+    """legacy version -> the parts of the tree that wrote it (legacy_code_versions.json)."""
+    return json.loads(LEGACY_FILE.read_text())["versions"]
+
+
+def same_code(recorded: str | None, cfg: Any) -> bool:
+    """Whether a record or checkpoint stamped ``recorded`` was computed with this checkout's code for
+    its run: the same version, or a known legacy version whose parts for the run are this checkout's."""
+    return judge(recorded, cfg, legacy_versions(), current_tree())
+
+
+def judge(recorded: str | None, cfg: Any, legacy: dict[str, dict[str, Any]], tree: Tree) -> bool:
+    """same_code against the legacy versions ``legacy`` and the tree ``tree``."""
+    entry = legacy.get(recorded or "")
+    return (combine(entry, run_names(cfg)) if entry else recorded) == tree.version(cfg)
+
+
+def legacy_version_of(tree: Path) -> str:
+    """The legacy (whole-tree, raw bytes) version of ``tree``, computed by that tree's own code."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from bench.code_version import code_version; print(code_version())")
+    out = subprocess.run([sys.executable, "-c", code, str(tree)], cwd=tree, check=True, capture_output=True,
+                         text=True)
+    return out.stdout.strip()
+
+
+def changed_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The parts (``engine``, ``method:fedrs``, ...) whose hashes differ between two trees' parts."""
+    out = ["engine"] if old["engine"] != new["engine"] else []
+    return out + [f"{kind}:{name}" for kind in REGISTRIES for name in sorted(set(old[kind]) | set(new[kind]))
+                  if old[kind].get(name) != new[kind].get(name)]
+
+
+def register_legacy(tree: Path, note: str, declared: str | None = None, file: Path = LEGACY_FILE,
+                    current: Path = REPO_ROOT) -> str:
+    """Add the tree that wrote legacy records to ``file``: its legacy version -> its parts. With
+    ``declared`` (why the changes since that tree move no number), the parts of the ``current`` tree
+    instead: a one-time migration that counts those records as made with this code; the parts that
+    differ are listed for review."""
+    version, parts = legacy_version_of(tree), Tree(tree).parts()
+    entry: dict[str, Any] = {"tree": note, **parts}
+    if declared:
+        now = Tree(current).parts()
+        entry = {"tree": note, "declared": declared, "changed_since_tree": changed_parts(parts, now), **now}
+    data = json.loads(file.read_text()) if file.exists() else {"versions": {}}
+    data["versions"][version] = entry
+    file.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return version
+
+
+USAGE = """usage: python -m bench.code_version register-legacy TREE NOTE [WHY]
+  TREE: a checkout that wrote records with a legacy (whole-tree) code version; NOTE: which one it is;
+  WHY: declare that the changes from TREE to this checkout move no number (its records then count as
+  made with this checkout's parts); without WHY they keep TREE's own parts."""
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "register-legacy":
+        sys.exit(USAGE)
+    print(register_legacy(Path(sys.argv[2]).resolve(), sys.argv[3], *sys.argv[4:]))

@@ -25,6 +25,7 @@ from bench.central import as_one_client
 from bench.cluster import fabric_layout
 from bench.code_version import code_version
 from bench.config import PRECISION_DTYPES, RunConfig
+from bench.core import compat
 from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
@@ -98,6 +99,7 @@ def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
     its own GPU, bench/cluster.py) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
+    compat.check()  # a torch or Lightning whose internals fedbench uses have changed: one error, before any rank
     quiet_lightning()
     ranks = cfg.devices * cfg.num_nodes
     if ranks > 1:
@@ -526,7 +528,7 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
     counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
     record = {
         "run_name": cfg.run_name(), "experiment": cfg.experiment, "config": cfg.to_dict(), "git_commit": git_commit(),
-        "code_version": code_version(), "versions": package_versions(),
+        "code_version": code_version(cfg), "versions": package_versions(),
         "method": cfg.method.name, "dataset": cfg.data.name, "data_root": dm.root, **(annotations or {}),
         "protocol": protocol, "world_size": fabric.world_size,
         "num_classes": dm.num_classes, "class_names": list(dm.class_names),

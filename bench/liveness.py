@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from bench.core import compat
 from bench.core.errors import FedbenchError, first_line
 
 SETUP_MINUTES = 60.0  # process-group start-up and rank 0's first decode of a dataset
@@ -77,7 +78,7 @@ def _announce(rank: int, token: str):
     small message per collective, no collective of its own), so that a rank that gives up can name the
     ranks that never arrived. Returns the store, or None when there is none."""
     try:
-        store = dist.distributed_c10d._get_default_store()  # torch's own store of the default group
+        store = compat.default_store()  # torch's own store of the default group
         store.set(f"fedbench/arrived/{rank}", token)
         return store
     except Exception:  # noqa: BLE001 (no store, or it is gone: the error message just names no rank)
@@ -135,7 +136,7 @@ def print_error_once(text: str, wait_seconds: float = 3.0) -> bool:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return True
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = compat.default_store()
         if dist.get_rank() == 0:
             store.set(ERROR_KEY, text)
             return True
@@ -154,7 +155,7 @@ def post_rank_error(rank: int, text: str) -> None:
     the other ranks can raise the same error, word for word, instead of pointing at another rank's output."""
     try:
         if dist.is_available() and dist.is_initialized():
-            dist.distributed_c10d._get_default_store().set(f"fedbench/failed/{rank}", text)
+            compat.default_store().set(f"fedbench/failed/{rank}", text)
     except Exception:  # noqa: BLE001 (no store: the others say "see that rank's error")
         return
 
@@ -162,7 +163,7 @@ def post_rank_error(rank: int, text: str) -> None:
 def other_rank_error(rank: int, world: int) -> str | None:
     """The error another rank posted with ``post_rank_error`` (the lowest such rank's), or None."""
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = compat.default_store()
         for other in range(world):
             key = f"fedbench/failed/{other}"
             if other != rank and store.check([key]):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
+from bench.core import compat
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.paths import plain_name
 from datamodules.base import DATASETS, splittable_datasets
@@ -434,13 +435,10 @@ def check_backbone(cfg: RunConfig) -> None:
 def check_loggers(cfg: RunConfig) -> None:
     """--tensorboard true needs tensorboard or tensorboardX (Lightning's TensorBoardLogger writes with either;
     the locked environment has tensorboardX)."""
-    if cfg.tensorboard:
-        from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
-
-        if not (_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE):
-            raise FedbenchError("tensorboard: true needs the tensorboard package, which this environment lacks "
-                                "(pip install tensorboardX, or tensorboard); every run logs the same per-round scalars to CSV "
-                                "under <output_dir>/<experiment>/csv/ and, with --wandb, to W&B.")
+    if cfg.tensorboard and not compat.tensorboard_available():
+        raise FedbenchError("tensorboard: true needs the tensorboard package, which this environment lacks "
+                            "(pip install tensorboardX, or tensorboard); every run logs the same per-round scalars to CSV "
+                            "under <output_dir>/<experiment>/csv/ and, with --wandb, to W&B.")
 
 
 def check_data_paths(cfg: RunConfig) -> None:

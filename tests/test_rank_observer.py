@@ -15,8 +15,14 @@ import textwrap
 import pytest
 
 from bench import rank_observer
+from bench.core import compat
 from bench.experiment import make_fabric
-from bench.rank_observer import GraceForInterrupted
+from bench.rank_observer import POLL_S, GraceForInterrupted
+
+
+def watcher(rank0_pid: int, children: list[subprocess.Popen], **kwargs):
+    """Fabric's watcher (bench/core/compat.py) with the graceful verdict, as launch_observer starts it."""
+    return compat.rank_watcher(rank0_pid, children, POLL_S, GraceForInterrupted(**kwargs))
 
 
 def ended(code: int) -> subprocess.Popen:
@@ -45,28 +51,28 @@ def killed_by(sig: int) -> subprocess.Popen:
                                                (lambda: killed_by(signal.SIGTERM), 143)])
 def test_interrupted_rank_leaves_rank0_its_grace_then_ends_it_as_interrupted(rank0, child, status, monkeypatch):
     ended_with = []
-    observer = GraceForInterrupted(main_pid=rank0.pid, child_processes=[child()], end_interrupted=ended_with.append)
-    assert observer._run() is False and rank0.poll() is None  # within the grace: keep watching, rank 0 lives
-    assert observer._run() is False and rank0.poll() is None and not ended_with
+    observer = watcher(rank0.pid, [child()], end_interrupted=ended_with.append)
+    assert observer.poll_once() is False and rank0.poll() is None  # within the grace: keep watching, rank 0 lives
+    assert observer.poll_once() is False and rank0.poll() is None and not ended_with
     monkeypatch.setattr(rank_observer, "INTERRUPT_GRACE_S", 0.0)  # the grace is over: rank 0 ends as interrupted
-    assert observer._run() is True
+    assert observer.poll_once() is True
     assert ended_with == [status] and rank0.poll() is None  # its own status and line, not Fabric's SIGKILL
 
 
 def test_the_observer_polls_often_enough_for_a_prompt_exit():
-    observer = GraceForInterrupted(main_pid=os.getpid(), child_processes=[])
-    assert observer._sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # the Ctrl-C test allows 15 s in all
+    observer = watcher(os.getpid(), [])
+    assert observer.sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # the Ctrl-C test allows 15 s in all
 
 
 def test_a_failed_rank_kills_at_once(rank0):
-    observer = GraceForInterrupted(main_pid=rank0.pid, child_processes=[ended(130), ended(1)])
-    assert observer._run() is True  # one rank failed otherwise: no grace, as Fabric's observer
+    observer = watcher(rank0.pid, [ended(130), ended(1)])
+    assert observer.poll_once() is True  # one rank failed otherwise: no grace, as Fabric's observer
     assert rank0.wait(timeout=10) == -9
 
 
 def test_ranks_that_all_succeeded_end_the_watch(rank0):
-    observer = GraceForInterrupted(main_pid=rank0.pid, child_processes=[ended(0), ended(0)])
-    assert observer._run() is True and rank0.poll() is None
+    observer = watcher(rank0.pid, [ended(0), ended(0)])
+    assert observer.poll_once() is True and rank0.poll() is None
 
 
 def test_a_multi_rank_fabric_launches_the_graceful_observer(monkeypatch, tiny_cfg):
@@ -75,6 +81,7 @@ def test_a_multi_rank_fabric_launches_the_graceful_observer(monkeypatch, tiny_cf
     monkeypatch.setattr(subprocess_script, "_launch_process_observer", subprocess_script._launch_process_observer)
     make_fabric(tiny_cfg(devices=2))
     assert subprocess_script._launch_process_observer is rank_observer.launch_observer
+    assert compat.rank_watcher_launcher() is rank_observer.launch_observer
 
 
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:

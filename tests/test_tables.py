@@ -40,7 +40,7 @@ def fake_record(run, acc: float, protocol: str = "global") -> dict:
     history = [{"round": r, "metrics": {"test/accuracy": acc * (r + 1) / 3, "test/f1": acc - 10 - (2 - r),
                                         **{f"val/{m}": acc * (r + 1) / 3 for m in ("accuracy", "precision", "f1", "auc")}}}
                for r in range(3)]
-    return {"run_name": run.cfg.run_name(), "config": run.cfg.to_dict(), "code_version": code_version(),
+    return {"run_name": run.cfg.run_name(), "config": run.cfg.to_dict(), "code_version": code_version(run.cfg),
             "protocol": protocol, "dataset": "kvasir", "backbone": "resnet18 (from scratch)",
             "class_names": [f"c{k}" for k in range(3)],
             "partition": {"counts": [[5, 0, 1], [0, 7, 2], [3, 3, 0], [1, 0, 9]]},
@@ -185,4 +185,4 @@ def test_stale_records_are_rerun(tmp_path, monkeypatch):
     assert record_status(run.cfg) == (None, "no record")
     run.cfg.fed.protocol = None
     write_json(path, {**rec, "code_version": "0123456789ab"})
-    assert record_status(run.cfg)[1] == f"code changed (0123456789ab -> {code_version()})"
+    assert record_status(run.cfg)[1] == f"code changed (0123456789ab -> {code_version(run.cfg)})"

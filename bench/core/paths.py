@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.core.errors import FedbenchError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout; installed: site-packages (configs/ is shipped there)
 DEFAULT_CACHE_DIR = os.environ.get("FEDBENCH_CACHE", str(Path.home() / ".cache" / "fedbench"))
 _SEPARATORS = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
 
@@ -26,3 +26,11 @@ def plain_name(value: object, what: str, where: str = "") -> str:
         raise FedbenchError(f"{what} must be a plain name: not empty, no '/' or '\\', not '.' or '..'{inside}; "
                             f"got {value!r}.")
     return text
+
+
+def shipped(path: str | os.PathLike) -> Path:
+    """``path`` itself when it exists or is absolute; else the same relative path under REPO_ROOT when
+    that exists: the configs/ and results/paper/ of a checkout, which a wheel installs next to its
+    packages (pyproject.toml), so ``--config configs/tables/x.yaml`` works from any working directory."""
+    p = Path(path)
+    return REPO_ROOT / p if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists() else p

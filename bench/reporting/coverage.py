@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import FedbenchError
+from bench.core.paths import shipped
 from bench.reporting.columns import table_columns
 from bench.reporting.flags import FlagParser
 from bench.reporting.paper_compare import (
@@ -135,7 +136,7 @@ def coverage(config_dir: str = "configs/tables", papers_root: str = "results/pap
     cells = load_paper_numbers(None, papers_root)
     claims: dict[tuple, list[Claim]] = defaultdict(list)
     indexes, errors = [], []
-    configs = sorted(Path(config_dir).glob("*.yaml"))
+    configs = sorted(shipped(config_dir).glob("*.yaml"))  # the checkout's or the installed ones
     if not configs:
         raise FedbenchError(f"No table configs (*.yaml) in {config_dir}.")
     for path in configs:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.code_version import code_version
+from bench.code_version import code_version, same_code
 from bench.config import RunConfig, execution_keys, result_config
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
@@ -123,7 +123,7 @@ def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str
     path = reference_path(name, reference_dir)
     ref = {"name": name, **measured, "tolerance": entry_tolerance(spec, name), "reason": reason,
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "git_commit": git_commit(), "code_version": code_version()}
+           "git_commit": git_commit(), "code_version": code_version(measured["config"])}
     write_json(path, ref)
     return path
 
@@ -156,9 +156,9 @@ def main(argv: list[str]) -> int:
             continue
         reference = load_reference(name, args.reference_dir)
         failures = compare(measured, reference, entry_tolerance(spec, name))
-        if failures and reference.get("code_version") != code_version():
+        if failures and not same_code(reference.get("code_version"), measured["config"]):
             failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
-                            f"{code_version()}; reference reason: {reference.get('reason')!r})")
+                            f"{code_version(measured['config'])}; reference reason: {reference.get('reason')!r})")
         if failures and reference.get("versions") != measured["versions"]:
             failures.append(f"(package versions differ from the reference's: {reference.get('versions')} -> "
                             f"{measured['versions']}; install the locked set with `make install`)")

@@ -18,6 +18,7 @@ import yaml
 
 from bench.config import OPTION_GROUPS, RunConfig, canonical, from_dict, result_config, with_defaults  # noqa: F401 (re-exported)
 from bench.core.errors import FedbenchError
+from bench.core.paths import shipped
 
 RUN_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
@@ -57,7 +58,7 @@ def read_yaml(path: Path) -> Any:
 def load_spec(path: str, what: str, keys: Iterable[str], not_found_hint: str = "") -> dict[str, Any]:
     """The YAML mapping at ``path`` (a ``what``, e.g. "Table config"): its keys within ``keys``,
     its ``base`` valid RunConfig overrides."""
-    p = Path(path)
+    p = shipped(path)  # a relative path not in the working directory: the checkout's or the installed one
     if not p.exists():
         raise FedbenchError(f"{what} {path!r} not found.{not_found_hint}")
     spec = read_yaml(p) or {}

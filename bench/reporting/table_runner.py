@@ -40,10 +40,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from bench.code_version import code_version
+from bench.code_version import code_version, same_code
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.core.paths import plain_name
+from bench.core.paths import plain_name, shipped
 from bench.records import (
     RecordError,
     bare_record_path,
@@ -85,7 +85,7 @@ class PlannedRun:
 
 
 def load_table_config(path: str) -> dict[str, Any]:
-    tables = Path("configs/tables")
+    tables = shipped("configs/tables")
     avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
     spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
     for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
@@ -257,8 +257,8 @@ def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
 
 
 def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
-    """(the record to reuse, or None; why): a record is reused when its result-config and code
-    version (bench/code_version.py) match the current ones."""
+    """(the record to reuse, or None; why): a record is reused when its result-config and the code
+    version of its run (bench/code_version.py: engine, method, data module, partition scheme) match."""
     path = find_record(cfg)
     if path is None:  # a record of this run name under other options: say so
         return None, "config changed" if bare_record_path(cfg).exists() else "no record"
@@ -269,8 +269,8 @@ def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
         return None, "unreadable record"
     if not same_result_config(rec, cfg):  # edited by hand (the identity in its name no longer holds)
         return None, "config changed"
-    if rec.get("code_version") != code_version():
-        return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version()})"
+    if not same_code(rec.get("code_version"), cfg):  # a legacy version: by its tree's parts
+        return None, f"code changed ({rec.get('code_version') or 'unversioned'} -> {code_version(cfg)})"
     if prompts_file_changed(cfg, rec):
         return None, "prompts file changed"
     return rec, "up to date"
@@ -404,7 +404,7 @@ def wandb_ids(r: PlannedRun) -> tuple[str, ...]:
         kept = load_record(path).get("code_version") if path is not None else None
     except RecordError:
         kept = None
-    codes = [code_version()] if kept is None else [kept, code_version()]
+    codes = [code_version(r.cfg)] if kept is None else [kept, code_version(r.cfg)]
     return tuple(dict.fromkeys(wandb_run_id(r.cfg, code) for code in codes))
 
 

@@ -248,11 +248,11 @@ class WandbObserver(RunObserver):
 
     def start(self, cfg: RunConfig, rank: int) -> None:
         self.identity = self.identity or run_identity(cfg, overridden=bool(self.annotations))
-        run_id = wandb_run_id(cfg, code_version())
+        run_id = wandb_run_id(cfg, code_version(cfg))
         self.skipped = rank == 0 and logged(self.directory, run_id)
         self.run = WandbRun(rank == 0 and not self.skipped, cfg.wandb_project, cfg.experiment,
                             display_name(self.identity), run_tags(cfg),
-                            {**cfg.to_dict(), "code_version": code_version(), **self.annotations, **self.identity},
+                            {**cfg.to_dict(), "code_version": code_version(cfg), **self.annotations, **self.identity},
                             self.directory, run_id=run_id)
         self.logger = self.run.fabric_logger()
 

@@ -18,8 +18,8 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from bench.core.compat import batch_norm_base
 from bench.core.errors import FedbenchError
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.components.lkcc import lkcc_surrogate_loss
@@ -150,7 +150,7 @@ class BNStatisticsHook:
         self.terms: list[torch.Tensor] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def _hook(self, module: _BatchNorm, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+    def _hook(self, module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
         x = inputs[0]
         dims = [d for d in range(x.ndim) if d != 1]
         mean = x.mean(dim=dims)
@@ -160,7 +160,7 @@ class BNStatisticsHook:
 
     def __enter__(self) -> Self:
         for m in self.model.modules():
-            if isinstance(m, _BatchNorm) and m.running_mean is not None:
+            if isinstance(m, batch_norm_base()) and m.running_mean is not None:
                 self._handles.append(m.register_forward_hook(self._hook))
         return self
 

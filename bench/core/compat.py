@@ -1,0 +1,142 @@
+"""Every private name of torch and Lightning that fedbench uses, in this one module.
+
+A library may rename a private name in any release. So each use goes through a function here that
+first checks the installed major version against the ones fedbench was tested with (``TESTED``; the
+bounds in pyproject.toml; the exact versions in requirements.lock) and then looks the name up,
+failing with one FedbenchError that names the library, the version and the fix, instead of an
+AttributeError deep in a run. ``check()`` resolves every name at once: a run calls it before it
+starts (bench/experiment.py make_fabric). tests/test_compat.py checks that no other module of
+bench, datamodules or lightning_modules uses a private torch or Lightning name.
+
+The names:
+
+- ``torch.distributed.distributed_c10d._get_default_store``: the key-value store of the default
+  process group (bench/liveness.py posts which rank reached which collective, and a rank's error);
+- ``torch.nn.modules.batchnorm._BatchNorm``: the base of every BatchNorm layer with running
+  statistics (FedBM's BN-statistics loss hooks them);
+- ``lightning.fabric.loggers.tensorboard._TENSORBOARD_AVAILABLE`` / ``_TENSORBOARDX_AVAILABLE``:
+  whether Lightning's TensorBoardLogger can write (--tensorboard is refused up front otherwise);
+- ``lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver`` (its ``_run``,
+  ``_child_processes``) and ``_launch_process_observer``: Fabric's watcher of the ranks it launched,
+  which bench/rank_observer.py replaces (Fabric has no public option for it).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import subprocess
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from bench.core.errors import FedbenchError
+
+# distribution -> (lowest, highest) major version tested; keep equal to pyproject.toml's bounds
+TESTED = {"torch": (2, 2), "lightning": (2, 2)}
+# (distribution, module, name): every private name used, resolved by check()
+NAMES = (
+    ("torch", "torch.distributed.distributed_c10d", "_get_default_store"),
+    ("torch", "torch.nn.modules.batchnorm", "_BatchNorm"),
+    ("lightning", "lightning.fabric.loggers.tensorboard", "_TENSORBOARD_AVAILABLE"),
+    ("lightning", "lightning.fabric.loggers.tensorboard", "_TENSORBOARDX_AVAILABLE"),
+    ("lightning", "lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver"),
+    ("lightning", "lightning.fabric.strategies.launchers.subprocess_script", "_launch_process_observer"),
+)
+FIX = "install the tested versions (pip install -r requirements.lock)"
+
+
+def tested(dist: str) -> str:
+    low, high = TESTED[dist]
+    return f"{dist} {low}.x" if low == high else f"{dist} {low}.x to {high}.x"
+
+
+@functools.cache
+def check_version(dist: str) -> None:
+    """One FedbenchError when the installed major version of ``dist`` is outside the tested ones."""
+    try:
+        installed = version(dist)
+    except PackageNotFoundError:
+        raise FedbenchError(f"fedbench needs {tested(dist)}, which is not installed: {FIX}.") from None
+    major = int(installed.split(".")[0])
+    low, high = TESTED[dist]
+    if not low <= major <= high:
+        raise FedbenchError(f"fedbench uses internals of {dist} that it was tested with in {tested(dist)} only; "
+                            f"{dist} {installed} is installed: {FIX}.")
+
+
+def private(dist: str, module: str, name: str) -> Any:
+    """The private ``module.name`` of ``dist``, after the version check; one FedbenchError when a
+    release has renamed or removed it."""
+    check_version(dist)
+    value = getattr(importlib.import_module(module), name, None)
+    if value is None:
+        raise FedbenchError(f"{dist} {version(dist)} has no {module}.{name}, which fedbench uses (tested with "
+                            f"{tested(dist)}): {FIX}.")
+    return value
+
+
+def check() -> None:
+    """Resolve every private name (NAMES): one FedbenchError before a run starts when one is gone."""
+    for dist, module, name in NAMES:
+        private(dist, module, name)
+
+
+def default_store() -> Any:
+    """The key-value store of torch.distributed's default process group."""
+    return private("torch", "torch.distributed.distributed_c10d", "_get_default_store")()
+
+
+def batch_norm_base() -> type:
+    """The base class of torch's BatchNorm layers (1d, 2d, 3d, sync, lazy)."""
+    return private("torch", "torch.nn.modules.batchnorm", "_BatchNorm")
+
+
+def tensorboard_available() -> bool:
+    """Whether Lightning's TensorBoardLogger finds tensorboard or tensorboardX to write with."""
+    module = "lightning.fabric.loggers.tensorboard"
+    return bool(private("lightning", module, "_TENSORBOARD_AVAILABLE")
+                or private("lightning", module, "_TENSORBOARDX_AVAILABLE"))
+
+
+LAUNCHER = "lightning.fabric.strategies.launchers.subprocess_script"
+Verdict = Callable[[list[int | None]], bool | None]
+
+
+@functools.cache
+def rank_watcher_class() -> type:
+    """Fabric's watcher of launched ranks with a verdict hook: ``verdict(exit codes)`` returns True (stop
+    watching), False (keep watching) or None (Fabric's own rule: SIGKILL everything on a failed rank)."""
+    base = private("lightning", LAUNCHER, "_ChildProcessObserver")
+
+    class RankWatcher(base):
+        def __init__(self, main_pid: int, child_processes: list[subprocess.Popen], sleep_period: float,
+                     verdict: Verdict) -> None:
+            super().__init__(main_pid=main_pid, child_processes=child_processes, sleep_period=sleep_period)
+            self.verdict = verdict
+            self.sleep_period = sleep_period
+
+        def poll_once(self) -> bool:
+            """One poll of the ranks: whether the watch is over."""
+            return self._run()
+
+        def _run(self) -> bool:
+            said = self.verdict([proc.poll() for proc in self._child_processes])
+            return super()._run() if said is None else said
+
+    return RankWatcher
+
+
+def rank_watcher(main_pid: int, child_processes: list[subprocess.Popen], sleep_period: float,
+                 verdict: Verdict) -> Any:
+    return rank_watcher_class()(main_pid, child_processes, sleep_period, verdict)
+
+
+def install_rank_watcher(launch: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Make Fabric's subprocess launcher call ``launch(child processes)`` to watch the ranks it started."""
+    private("lightning", LAUNCHER, "_launch_process_observer")
+    importlib.import_module(LAUNCHER)._launch_process_observer = launch
+
+
+def rank_watcher_launcher() -> Callable[[list[subprocess.Popen]], None]:
+    """What Fabric's subprocess launcher calls now to watch its ranks."""
+    return private("lightning", LAUNCHER, "_launch_process_observer")

@@ -1,0 +1,135 @@
+"""bench/core/compat.py holds every use of a private torch or Lightning name: no other module of bench,
+datamodules or lightning_modules uses one (read with ast: imports of private modules or names, and
+attribute chains on an imported torch/Lightning module); each use checks the installed major version
+against the tested ones, which pyproject.toml bounds and requirements.lock pins."""
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from bench.core import compat
+from bench.core.errors import FedbenchError
+
+LIBRARIES = ("torch", "lightning", "lightning_fabric", "pytorch_lightning")
+PACKAGES = ("bench", "datamodules", "lightning_modules")
+
+
+def private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def library(dotted: str | None) -> bool:
+    return bool(dotted) and dotted.split(".")[0] in LIBRARIES
+
+
+def private_uses(path: Path) -> list[str]:
+    """``line: name`` for each private torch/Lightning name the module uses."""
+    tree = ast.parse(path.read_text())
+    aliases: dict[str, str] = {}  # local name -> the library module or object it is bound to
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if library(a.name):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                    out += [f"{node.lineno}: import {a.name}"] if private(a.name) else []
+        elif isinstance(node, ast.ImportFrom) and library(node.module) and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                full = f"{node.module}.{a.name}"
+                out += [f"{node.lineno}: from {node.module} import {a.name}"] if private(full) else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            chain = node.value
+            while isinstance(chain, ast.Attribute):
+                chain = chain.value
+            if isinstance(chain, ast.Name) and chain.id in aliases:
+                out.append(f"{node.lineno}: {ast.unparse(node)} ({aliases[chain.id]})")
+    return out
+
+
+def tree_uses(root: Path) -> dict[str, list[str]]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel != "bench/core/compat.py" and (uses := private_uses(path)):
+                found[rel] = uses
+    return found
+
+
+def test_no_module_but_compat_uses_a_private_torch_or_lightning_name():
+    assert tree_uses(REPO) == {}
+    text = "\n".join(p.read_text() for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
+                     if p.relative_to(REPO).as_posix() != "bench/core/compat.py")
+    assert not re.search(r"from lightning\S*\._|from lightning\S* import _[a-zA-Z]|torch\._|c10d\._", text)
+
+
+def test_the_check_finds_every_kind_of_use(tmp_path):
+    """The uses the project had before compat.py (commit 3fda314), in each spelling."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "old.py").write_text(
+        "import torch.distributed as dist\n"
+        "from lightning.fabric.strategies.launchers import subprocess_script\n"
+        "from torch.nn.modules.batchnorm import _BatchNorm\n"
+        "class W(subprocess_script._ChildProcessObserver):\n    pass\n"
+        "def f():\n"
+        "    from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE\n"
+        "    subprocess_script._launch_process_observer = f\n"
+        "    return dist.distributed_c10d._get_default_store(), _TENSORBOARD_AVAILABLE\n"
+        "def g(self):\n    return self._private, dist.get_rank()\n")
+    uses = tree_uses(tmp_path)["bench/old.py"]
+    assert sorted(int(u.split(":")[0]) for u in uses) == [3, 4, 7, 8, 9]
+    assert any("_get_default_store" in u for u in uses) and not any("self._private" in u for u in uses)
+
+
+def test_every_private_name_resolves_in_the_installed_versions():
+    compat.check()
+    assert compat.batch_norm_base() is __import__("torch").nn.modules.batchnorm._BatchNorm
+    assert compat.tensorboard_available() in (True, False)
+
+
+def test_an_untested_major_version_is_one_clear_error(monkeypatch):
+    compat.check_version.cache_clear()
+    monkeypatch.setitem(compat.TESTED, "torch", (3, 3))  # as if torch 2.x were outside what was tested
+    try:
+        with pytest.raises(FedbenchError, match=r"tested with in torch 3\.x only; torch 2\.\S+ is installed: "
+                                                r"install the tested versions \(pip install -r requirements\.lock\)"):
+            compat.default_store()
+        with pytest.raises(FedbenchError, match="torch 3.x"):
+            compat.check()
+    finally:
+        compat.check_version.cache_clear()
+
+
+def test_a_renamed_private_name_is_one_clear_error():
+    with pytest.raises(FedbenchError, match=r"torch \S+ has no torch\.nn\.modules\.batchnorm\._Renamed, which "
+                                            r"fedbench uses \(tested with torch 2\.x\)"):
+        compat.private("torch", "torch.nn.modules.batchnorm", "_Renamed")
+
+
+def test_a_run_checks_the_private_names_before_it_starts(monkeypatch, tiny_cfg):
+    from bench.experiment import make_fabric
+
+    compat.check_version.cache_clear()
+    monkeypatch.setitem(compat.TESTED, "lightning", (3, 4))
+    try:
+        with pytest.raises(FedbenchError, match=r"lightning 3\.x to 4\.x only; lightning 2\."):
+            make_fabric(tiny_cfg())
+    finally:
+        compat.check_version.cache_clear()
+
+
+def test_pyproject_bounds_the_tested_majors_and_the_lock_is_within_them():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    locked = dict(line.split("==") for line in (REPO / "requirements.lock").read_text().splitlines()
+                  if "==" in line and not line.startswith("#"))
+    for dist, (low, high) in compat.TESTED.items():
+        spec = next(d for d in deps if re.match(rf"{dist}[<>=]", d))
+        assert f"<{high + 1}" in spec and int(re.search(r">=(\d+)", spec).group(1)) == low
+        assert low <= int(locked[dist].split(".")[0]) <= high
