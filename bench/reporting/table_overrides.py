@@ -41,7 +41,7 @@ import yaml
 
 from bench.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
 from bench.core.errors import FedbenchError
-from bench.validation import describe, matches
+from bench.option_types import describe, matches
 
 # the table's own axes and flags: not settable with --set (the message says what to use instead)
 RESERVED = {
