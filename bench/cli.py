@@ -164,9 +164,7 @@ def run_command(argv: list[str]) -> int:
         if module is not None:
             return module.main(rest)
     except FedbenchError as err:
-        from bench.liveness import print_error_once
-
-        if print_error_once(str(err)):  # an error every rank hit: printed by rank 0 only
+        if print_error_here(str(err)):  # an error every rank hit: printed by rank 0 only
             print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
     print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
@@ -197,6 +195,16 @@ def run_one(argv: list[str]) -> int:
         how = "replaced the record of an earlier run of this configuration" if earlier else "new"
         print(f"record: {find_record(cfg)} ({how})")
     return 0
+
+
+def print_error_here(text: str) -> bool:
+    """Whether this process prints the error ``text`` (bench/liveness.print_error_once): always, when no
+    process group can exist yet (torch.distributed not imported: an argument error, answered without torch)."""
+    if "torch.distributed" not in sys.modules:
+        return True
+    from bench.liveness import print_error_once
+
+    return print_error_once(text)
 
 
 COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "bench")

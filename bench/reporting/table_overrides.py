@@ -230,17 +230,22 @@ class TableOverrides:
         chosen = [self.budget_sets, self.seeds, self.rows] + ([self.folds] if self.folds is not None else [])
         return f"{name}__reduced-{_digest(chosen)}"
 
-    def apply(self, runs: list) -> None:
-        """Set every override in every planned run (method.args.* where the method accepts it)."""
+    @staticmethod
+    def method_accepts(name: str) -> set[str]:
+        """The keyword options of method ``name`` (imports it: only when ``--set method.args.*`` is given)."""
         from bench.experiment import method_arg_names
         from lightning_modules.base import METHODS
 
+        return method_arg_names(METHODS.get(name))
+
+    def apply(self, runs: list) -> None:
+        """Set every override in every planned run (method.args.* where the method accepts it)."""
         for key in (k for k in self.sets if k.startswith("method.args.")):
             self.applied_to[key] = []
         budget = self.budget_sets
         for run in runs:
             d = run.cfg.to_dict()
-            accepts = method_arg_names(METHODS.get(d["method"]["name"]))
+            accepts = self.method_accepts(d["method"]["name"]) if self.applied_to else set()
             for key, value in self.sets.items():
                 *path, last = key.split(".")
                 if path == ["method", "args"]:
