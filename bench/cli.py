@@ -182,8 +182,9 @@ def run_one(argv: list[str]) -> int:
     check_names(cfg.method.name, [d for d in (cfg.data.name, cfg.data.test_dataset) if d], cfg.partition.scheme)
     earlier = find_record(cfg) is not None  # a record of this very configuration
     if lifetime.first_process():
-        print(f"fedbench run: {cfg.run_name()} ({cfg.fed.rounds} rounds, {cfg.partition.num_clients} clients, devices "
-              f"{cfg.devices}); record under {cfg.output_dir}", flush=True)
+        rounds = f"{cfg.fed.rounds} round{'s' if cfg.fed.rounds != 1 else ''}"
+        print(f"fedbench run: {cfg.run_name()} ({rounds}, {cfg.partition.num_clients} clients, devices {cfg.devices}); "
+              f"record under {cfg.output_dir}", flush=True)
     from bench.experiment import run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 

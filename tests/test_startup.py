@@ -176,6 +176,27 @@ def test_a_normal_exit_skips_the_final_collection_and_keeps_its_output(tmp_path)
         assert "collected at exit" not in proc.stderr, "the interpreter's final collection ran"
 
 
+def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(tmp_path):
+    """The gc.freeze exit of a real 1-round run: its record, CSV log and TensorBoard events are complete (the
+    loggers were finalized and the files closed before the exit)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--config", QUICK, "--fed.rounds", "1",
+                           "--devices", "1", "--tensorboard", "--progress", "false", "--output-dir", str(tmp_path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, *_, last = proc.stdout.splitlines()
+    assert first.startswith("fedbench run: fedavg_digits_dir0.5_c4_s0 (1 round, 4 clients, devices 1)")
+    record = json.loads((tmp_path / "quick" / "fedavg_digits_dir0.5_c4_s0.json").read_text())
+    assert last == f"record: {tmp_path / 'quick' / 'fedavg_digits_dir0.5_c4_s0.json'} (new)"
+    accuracy = record["final"]["test/accuracy"]
+    assert len(record["history"]) == 1 and 10 < accuracy <= 100
+    csv = (tmp_path / "quick" / "csv" / "fedavg_digits_dir0.5_c4_s0" / "version_0" / "metrics.csv").read_text()
+    header, row = csv.splitlines()
+    assert float(row.split(",")[header.split(",").index("test/accuracy")]) == accuracy
+    events = next((tmp_path / "quick" / "tensorboard").rglob("events.out.tfevents.*")).read_bytes()
+    assert all(tag.encode() in events for tag in ("val/accuracy", "test/accuracy", "train/loss"))
+
+
 def test_startup_cpu_is_a_fraction_of_importing_torch():
     """bench/reporting/perf_startup.py's cheap mode: each command's CPU time (user+sys) against one
     `import torch` in the same conditions; over its ratio, the command exits 1."""
