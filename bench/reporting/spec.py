@@ -92,10 +92,17 @@ def plain_copy(value: Any) -> Any:
 def deep_merge(a: dict, b: dict) -> dict:
     """``b`` merged into a copy of ``a``, dict by dict (``args`` is replaced whole: a method's options)."""
     out = plain_copy(a)
-    for k, v in b.items():
-        merge = isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args"
-        out[k] = deep_merge(out[k], v) if merge else plain_copy(v)
+    merge_into(out, b)
     return out
+
+
+def merge_into(out: dict, b: dict) -> None:
+    """``deep_merge`` in place: ``out`` (a copy the caller owns) takes copies of ``b``'s values."""
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args":
+            merge_into(out[k], v)
+        else:
+            out[k] = plain_copy(v)
 
 
 @functools.cache
@@ -109,7 +116,7 @@ def run_config(*overrides: dict, where: str) -> RunConfig:
     the error when the result is not a valid config)."""
     d = plain_copy(default_config())
     for layer in overrides:
-        d = deep_merge(d, layer)
+        merge_into(d, layer)
     try:
         return from_dict(d)
     except TypeError as err:
