@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-round bench-table2 gpu-check lint clean-results
+.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-startup catalog bench-round bench-table2 gpu-check lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -113,6 +113,16 @@ regression-update: install
 # loop with and without allocator churn, speed options, cores as client workers, the per-round case, FACMIC's cache
 bench: install
 	$(OFFLINE) $(BIN)/fedbench bench $(ARGS)
+
+# How soon each command of issue 41's table answers (help, errors, list, coverage <= 1.5 s wall; run and table's
+# first line <= 2 s), median of 3 on a quiet machine; exits 1 over a limit (bench/reporting/perf_startup.py)
+bench-startup: install
+	$(OFFLINE) $(BIN)/python -m bench.reporting.perf_startup $(ARGS)
+
+# Rewrite bench/reporting/catalog_data.py (what `fedbench list`/`coverage` read without importing the methods)
+# after a method, dataset or partition scheme changed; tests/test_startup.py says when it is out of date
+catalog: install
+	$(OFFLINE) $(BIN)/python -m bench.reporting.catalog --write
 
 # The per-round case alone (issue 19's workload: full Fashion-MNIST, ResNet-18, 3 rounds; several minutes)
 bench-round: install

@@ -18,6 +18,7 @@ with --help (fedbench run --help).
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
@@ -30,8 +31,6 @@ from bench.core import lifetime
 
 if __name__ == "__main__" or Path(sys.argv[0]).name == "fedbench":  # the command itself (or a rank it started)
     lifetime.interrupt_during_startup()  # Ctrl-C while torch is still importing: one line and 130, no traceback
-
-from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
@@ -50,20 +49,28 @@ HELP = {
 }
 
 
-class RunParser(ArgumentParser):
-    """jsonargparse, with an error as one line (no usage dump) and a mistyped flag answered with the
+@functools.cache
+def run_parser_class() -> type:
+    """``RunParser``: jsonargparse's parser, imported when a `run` is parsed (not for `fedbench --help`,
+    `list` or `coverage`), with an error as one line (no usage dump) and a mistyped flag answered with the
     closest one (bench/reporting/flags.py)."""
+    from jsonargparse import ArgumentParser
 
-    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
-        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # it raises
-            super().error(message, ex)
-        if message.startswith("unrecognized arguments: "):
-            message = unrecognized_message(message.split(": ", 1)[1].split(" "), self._option_string_actions)
-        fail(self.prog, message)
+    class RunParser(ArgumentParser):
+        def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+            if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # it raises
+                super().error(message, ex)
+            if message.startswith("unrecognized arguments: "):
+                message = unrecognized_message(message.split(": ", 1)[1].split(" "), self._option_string_actions)
+            fail(self.prog, message)
+
+    return RunParser
 
 
-def run_parser() -> ArgumentParser:
-    parser = RunParser(prog="fedbench run", default_env=False, exit_on_error=True, allow_abbrev=False,
+def run_parser():
+    from jsonargparse import ActionConfigFile
+
+    parser = run_parser_class()(prog="fedbench run", default_env=False, exit_on_error=True, allow_abbrev=False,
                        description="Run one federated experiment. Flags take either spelling (--output-dir or "
                                    "--output_dir); a boolean flag may be bare (--wandb: true) or take true/false.")
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
@@ -91,7 +98,7 @@ def boolean_flags() -> list[str]:
     return flags
 
 
-def run_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
+def run_argv(parser, argv: list[str]) -> list[str]:
     """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag and a --config not
     in the working directory looked up in the checkout or the installed package (bench.core.paths.shipped)."""
     from bench.core.paths import shipped
@@ -158,32 +165,53 @@ def run_command(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     try:
         if command == "run":
-            from bench.experiment import run_experiment
-            from bench.records import best_test_scores, find_record
-            from bench.reporting.wandb_logger import wandb_observer
-
-            cfg = parse_run(rest)
-            earlier = find_record(cfg) is not None  # a record of this very configuration
-            record = run_experiment(cfg, observer=wandb_observer(cfg))
-            from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-            if record and rank_zero_only.rank == 0:  # one line, not one per rank
-                print(f"{record['run_name']}: {best_test_scores(record)}")
-                how = "replaced the record of an earlier run of this configuration" if earlier else "new"
-                print(f"record: {find_record(cfg)} ({how})")
-            return 0
+            return run_one(rest)
         module = command_module(command)
         if module is not None:
             return module.main(rest)
     except FedbenchError as err:
-        from bench.liveness import print_error_once
-
-        if print_error_once(str(err)):  # an error every rank hit: printed by rank 0 only
+        if print_error_here(str(err)):  # an error every rank hit: printed by rank 0 only
             print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
     print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
           "(fedbench --help shows examples).", file=sys.stderr)
     return 2
+
+
+def run_one(argv: list[str]) -> int:
+    """`fedbench run`: parse and check the names (no torch yet: a typo is answered at once), say what runs,
+    then import the training stack and run."""
+    from bench.records import best_test_scores, find_record
+    from bench.reporting.catalog import check_names
+
+    cfg = parse_run(argv)
+    check_names(cfg.method.name, [d for d in (cfg.data.name, cfg.data.test_dataset) if d], cfg.partition.scheme)
+    earlier = find_record(cfg) is not None  # a record of this very configuration
+    if lifetime.first_process():
+        rounds = f"{cfg.fed.rounds} round{'s' if cfg.fed.rounds != 1 else ''}"
+        print(f"fedbench run: {cfg.run_name()} ({rounds}, {cfg.partition.num_clients} clients, devices {cfg.devices}); "
+              f"record under {cfg.output_dir}", flush=True)
+    from bench.experiment import run_experiment
+    from bench.reporting.wandb_logger import wandb_observer
+
+    record = run_experiment(cfg, observer=wandb_observer(cfg))
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if record and rank_zero_only.rank == 0:  # one line, not one per rank
+        print(f"{record['run_name']}: {best_test_scores(record)}")
+        how = "replaced the record of an earlier run of this configuration" if earlier else "new"
+        print(f"record: {find_record(cfg)} ({how})")
+    return 0
+
+
+def print_error_here(text: str) -> bool:
+    """Whether this process prints the error ``text`` (bench/liveness.print_error_once): always, when no
+    process group can exist yet (torch.distributed not imported: an argument error, answered without torch)."""
+    if "torch.distributed" not in sys.modules:
+        return True
+    from bench.liveness import print_error_once
+
+    return print_error_once(text)
 
 
 COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "data", "bench")
@@ -212,13 +240,16 @@ def command_module(command: str):
 
 
 def console_main() -> None:
-    """The ``fedbench`` command (and ``python -m bench.cli``): ``main()``'s status as the exit status. An
-    interrupted process (130, 143) has stopped its workers and said so; it exits without the interpreter's
-    final garbage collection of torch's and Lightning's objects (~1.5 s here, far longer on a busy machine,
-    before the shell got its prompt back); exit handlers still run."""
+    """The ``fedbench`` command (and ``python -m bench.cli``): ``main()``'s status as the exit status, without
+    the interpreter's final garbage collection of torch's and Lightning's objects (0.9-1.5 s here, far longer
+    on a busy machine, before the shell gets its prompt back). Every exit, normal or interrupted (130, 143):
+    by then the command has written and closed what it writes (records through bench/core/atomic_io, the
+    loggers finalized by bench/experiment.attached_loggers), stdout and stderr are flushed here, and exit
+    handlers still run (W&B, multiprocessing's semaphores); only unreachable cycles are left to the OS."""
     code = main()
-    if code in (130, 143):
-        gc.freeze()  # the final collection skips every object: exit handlers still run (no leaked semaphores)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    gc.freeze()  # the final collections skip every object alive now (tests/test_startup.py)
     sys.exit(code)
 
 

@@ -1,14 +1,14 @@
 """The options of one run, as dataclasses (jsonargparse turns them into --group.option flags)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import torch
 
 from bench.core.paths import DEFAULT_CACHE_DIR
 
@@ -18,7 +18,8 @@ EXECUTION = {"execution": True}
 # The precisions fedbench runs (RunConfig.precision lists Fabric's names; bench/validation.py rejects the
 # others). Modules are moved with fabric.to_device, not wrapped by fabric.setup, so run_experiment applies
 # the dtype itself: to the module's floating state and to the batches (64-true: machine-independent numbers).
-PRECISION_DTYPES = {"32-true": torch.float32, "64-true": torch.float64}
+# The dtypes by their torch names (``getattr(torch, name)``, bench/experiment.py): parsing a config imports no torch.
+PRECISION_DTYPES = {"32-true": "float32", "64-true": "float64"}
 
 
 @dataclass
@@ -163,8 +164,7 @@ class RunConfig:
         as devices, threads or output paths do not count; an option added later at its default
         changes no identity)."""
         ours = json.loads(json.dumps(result_config(self.to_dict()), default=str))
-        defaults = json.loads(json.dumps(result_config(RunConfig().to_dict()), default=str))
-        changed = json.dumps(non_default(ours, defaults), sort_keys=True)
+        changed = json.dumps(non_default(ours, default_result_config()), sort_keys=True)
         return hashlib.sha1(changed.encode()).hexdigest()[:8]
 
     def run_name(self) -> str:
@@ -187,18 +187,36 @@ class RunConfig:
         return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}{fold}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """``dataclasses.asdict(self)``, for the shape a RunConfig has (option groups of plain values), in a
+        fraction of its time (a table plan computes thousands of record names)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in _FIELDS[RunConfig]}
+
+
+def _plain(value: Any) -> Any:
+    """What ``dataclasses.asdict`` makes of a field value: dataclasses as dicts, containers rebuilt."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in _FIELDS.get(type(value)) or dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return copy.deepcopy(value)
 
 
 # RunConfig's option groups (--data.*, --partition.*, ...) and its top-level options, from the dataclasses
 OPTION_GROUPS: dict[str, type] = {name: typ for name, typ in typing.get_type_hints(RunConfig).items()
                                   if dataclasses.is_dataclass(typ)}
 TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in OPTION_GROUPS)
+_FIELDS = {cls: dataclasses.fields(cls) for cls in (RunConfig, *OPTION_GROUPS.values())}
 
 
-def execution_keys(cls: type) -> set[str]:
-    """The fields of a config dataclass marked with EXECUTION metadata."""
-    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("execution")}
+@functools.cache
+def execution_keys(cls: type) -> frozenset[str]:
+    """The fields of a config dataclass marked with EXECUTION metadata (cached: result_config asks for them
+    for every key of every planned run)."""
+    return frozenset({f.name for f in dataclasses.fields(cls) if f.metadata.get("execution")})
 
 
 def from_dict(d: dict[str, Any]) -> RunConfig:
@@ -216,17 +234,23 @@ def result_config(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that determines a run's numbers: without the EXECUTION fields, except
     ``threads`` when it is neither unset nor 1 (torch threads per rank change the last bits of float
     sums, so a run with 2 threads is not the same result as one with 1; bench/workers.py rank_threads)."""
-    out = {}
+    out, execution = {}, execution_keys(RunConfig)
     for key, value in d.items():
         if key == "threads" and value not in (None, 1):
             out[key] = value
             continue
-        if key in execution_keys(RunConfig):
+        if key in execution:
             continue
         if key in OPTION_GROUPS and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in execution_keys(OPTION_GROUPS[key])}
         out[key] = value
     return out
+
+
+@functools.cache
+def default_result_config() -> dict[str, Any]:
+    """``result_config`` of the default RunConfig as JSON holds it (computed once; read, never changed)."""
+    return json.loads(json.dumps(result_config(RunConfig().to_dict()), default=str))
 
 
 def non_default(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

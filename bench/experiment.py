@@ -476,7 +476,7 @@ def module_on_device(cfg: RunConfig, dm: FederatedDataModule, fabric: Fabric) ->
         for warning in idle:  # at the start, so that a user can stop a run that cannot show what it should
             print(f"fedbench: warning: {cfg.run_name()}: {warning}", flush=True)
     fabric.to_device(module)
-    dtype = PRECISION_DTYPES.get(cfg.precision, torch.float32)  # bf16-mixed: float32 weights under autocast
+    dtype = getattr(torch, PRECISION_DTYPES.get(cfg.precision, "float32"))  # bf16-mixed: float32 weights under autocast
     if dtype != torch.float32:  # built in float32 (the same initial weights), then converted
         module.to(dtype)
     apply_speed_options(module, cfg.channels_last, cfg.compile)

@@ -1,29 +1,12 @@
 """Classification metrics from probabilities: accuracy, macro-F1, balanced accuracy, macro AUC."""
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
 import torch
 from torchmetrics.functional.classification import multiclass_auroc
 
+from bench.val_scores import VAL_SCORES, metric_sum  # noqa: F401 (the orchestrator's criteria; re-exported)
+
 METRIC_NAMES = ("accuracy", "f1", "balanced_accuracy", "precision", "auc")
-
-
-def metric_sum(metrics: dict[str, float], keys: tuple[str, ...]) -> float:
-    """The sum of ``metrics[k]`` over ``keys`` (a key may repeat); -inf when one is missing or not finite."""
-    vals = [metrics.get(k) for k in keys]
-    if any(v is None or not math.isfinite(v) for v in vals):
-        return -math.inf
-    return float(sum(vals))
-
-
-# the validation criteria that pick a reported round (bench/reporting/protocols.py's round rules)
-VAL_SCORES: dict[str, Callable[[dict[str, float]], float]] = {
-    "best-val-acc": lambda m: metric_sum(m, ("val/accuracy",)),
-    # acc + micro recall (= acc) + macro precision + macro F1 + AUC
-    "best-val-sum5": lambda m: metric_sum(m, ("val/accuracy", "val/accuracy", "val/precision", "val/f1", "val/auc")),
-}
 
 
 def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 from bench.config import RunConfig
-from bench.core.seeding import sample_size
 
 CPU_LAYOUT = "workers"  # "workers": one 1-thread rank per core; "threads": one rank with every core
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")
@@ -77,6 +76,8 @@ def visible_gpus(accelerator: str) -> list[str]:
 
 def clients_per_round(cfg: RunConfig) -> int:
     """How many clients a round trains (bench/core/seeding.sample_clients)."""
+    from bench.core.seeding import sample_size  # here: `fedbench bench --help` imports no torch
+
     return sample_size(cfg.partition.num_clients, cfg.fed.sample_ratio)
 
 

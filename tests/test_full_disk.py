@@ -48,7 +48,7 @@ def fill_disk(monkeypatch, full: str) -> None:
         except OSError:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
 
-    monkeypatch.setattr(atomic_io.torch, "save", save)
+    monkeypatch.setattr(torch, "save", save)
 
 
 def test_no_room_for_the_heatmap_or_the_csv_log_keeps_the_record(tiny_cfg, monkeypatch, capsys):
@@ -131,7 +131,7 @@ def test_no_room_for_a_checkpoint_keeps_the_previous_one_and_no_temp_folder(tiny
     assert sorted(p.name for p in folder.iterdir()) == ["round_00000", "round_00001"]
     assert torch.load(folder / "round_00001" / "global.pt", weights_only=True)["round"] == 1
     # space freed: the run continues from the intact checkpoint
-    monkeypatch.setattr(atomic_io.torch, "save", REAL_SAVE)
+    monkeypatch.setattr(torch, "save", REAL_SAVE)
     record, _ = run_in_process(tiny_cfg(**base, resume=True))
     assert record["resumed"]["from_round"] == 1 and [h["round"] for h in record["history"]] == [0, 1, 2, 3]
 
@@ -145,7 +145,7 @@ def test_an_interrupted_checkpoint_write_leaves_no_temp_folder(tiny_cfg, monkeyp
             raise OSError(errno.EIO, "Input/output error")
         return REAL_SAVE(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(atomic_io.torch, "save", failing)
+    monkeypatch.setattr(torch, "save", failing)
     with pytest.raises(FedbenchError, match=r"Checkpoint round_00001 was not written: \[Errno 5\] Input/output error\."):
         run_in_process(tiny_cfg(**base))
     folder = Checkpointer(tiny_cfg(**base), None).dir

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
 from bench.core.errors import FedbenchError, FedbenchWarning
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -187,6 +185,8 @@ def _claim_exclusive(path: Path, data: bytes) -> bool:
 def tensor_bytes(obj: Any) -> int:
     """The bytes of the tensors in ``obj`` (nested dicts, lists, tuples; a shared storage counted once):
     about what ``torch.save`` writes."""
+    import torch  # here: the JSON writers (records, regression references) import no torch
+
     seen: set[int] = set()
     total = 0
     stack = [obj]
@@ -207,6 +207,8 @@ def tensor_bytes(obj: Any) -> int:
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` through ``atomic_write``: no half-written checkpoint or cache file; a full disk
     raises NoSpaceError (torch's own error for it is a RuntimeError about stream positions)."""
+    import torch
+
     atomic_write(path, lambda fh: torch.save(obj, fh), needed=tensor_bytes(obj) + 4096)
 
 

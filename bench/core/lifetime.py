@@ -92,6 +92,12 @@ def launched_by_fabric() -> bool:
     return "SLURM_JOB_ID" not in os.environ or "SLURM_NTASKS" not in os.environ
 
 
+def first_process() -> bool:
+    """Whether this process is the one the user started (not a rank that Fabric, torchrun or SLURM started):
+    it alone says what a command is about to do."""
+    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+
+
 def say_interrupted(what: str) -> None:
     """Print the interrupted line (``what``: "Ctrl-C" or "SIGTERM") once per process, and only on rank 0
     (one line for the whole run, not one per rank)."""

@@ -48,6 +48,10 @@ class Registry(Generic[T]):
                 importlib.import_module(f"{self.package}.{info.name}")
         self._loaded = True
 
+    def registered_names(self) -> list[str]:
+        """The names registered so far, without importing the package's modules."""
+        return sorted(self._items)
+
     def names(self) -> list[str]:
         self._load()
         return sorted(self._items)
@@ -55,7 +59,13 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self._load()
         if name not in self._items:
-            close = difflib.get_close_matches(name, self._items, n=3)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownNameError(f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(self.names())}.")
+            raise unknown_name(self.kind, name, self.names())
         return self._items[name]
+
+
+def unknown_name(kind: str, name: str, names: list[str]) -> UnknownNameError:
+    """The error for a name that is not among ``names`` (sorted), with the closest ones: a registry's, or the
+    catalog's (bench/reporting/catalog.py: the same names, checked before the modules are imported)."""
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return UnknownNameError(f"Unknown {kind} {name!r}.{hint} Available: {', '.join(names)}.")

@@ -26,12 +26,12 @@ def present_at(name: str, home: Path) -> Path | None:
     The name a source unpacks to is checked first, without importing the data modules (and torch)."""
     if name in SOURCES and (home / SOURCES[name].target).exists():
         return locate(home, (SOURCES[name].target,))
-    from datamodules.base import DATASETS
+    from bench.reporting import catalog  # the loaders' entries without importing them (no torch)
 
-    cls = DATASETS.get(name)
-    found = locate(home, cls.home_entries) if cls.home_entries else None
-    if found is None and cls.default_root and Path(cls.default_root).expanduser().exists():
-        found = Path(cls.default_root).expanduser()
+    entry = catalog.load()["datasets"][name]
+    found = locate(home, entry["home_entries"]) if entry["home_entries"] else None
+    if found is None and entry["default_root"] and Path(entry["default_root"]).expanduser().exists():
+        found = Path(entry["default_root"]).expanduser()
     return found
 
 

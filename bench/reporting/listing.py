@@ -2,63 +2,27 @@
 it is looked for under the data home and whether it is present, fetchable (`fedbench data get NAME`) or
 manual (the same command prints the steps), and the partition schemes.
 
-Read from the registries (``METHODS``, ``DATASETS``, ``PARTITION_SCHEMES``) and the docstrings of
-the code that implements them, so a new method, dataset or scheme is listed without editing this file.
-A method is described by the first paragraph of its module's docstring (which names its paper); a second
-method in the same module (``fednpr-code`` beside ``fednpr``) by its own class docstring.
+Read from the catalog (bench/reporting/catalog.py: names, descriptions and options recorded from the
+registries ``METHODS``, ``DATASETS``, ``PARTITION_SCHEMES`` and the docstrings of the code that implements them),
+so a new method, dataset or scheme is listed without editing this file, and listing imports none of them
+(no torch). A method is described by the first paragraph of its module's docstring (which names its paper); a
+second method in the same module (``fednpr-code`` beside ``fednpr``) by its own class docstring.
 """
 from __future__ import annotations
 
-import inspect
-import re
-import sys
-import textwrap
-from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+from bench.reporting import catalog
 from bench.reporting.data_command import availability, present_at
 from bench.reporting.flags import FlagParser
-from datamodules.base import DATASETS
-from datamodules.data_home import DATA_HOME_ENV, data_home, set_data_home
-from datamodules.partitions import PARTITION_SCHEMES
-from lightning_modules.base import METHODS
-
-WIDTH = 110  # characters of a description
+from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
 
 
-def first_paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring on one line, without reST's double backquotes."""
-    return " ".join((doc or "").strip().split("\n\n")[0].replace("``", "").split())
-
-
-def one_line(text: str, width: int = WIDTH) -> str:
-    return textwrap.shorten(text, width, placeholder=" ...") if text else ""
-
-
-def source_line(cls: type) -> int:
-    """Where ``cls`` is defined in its module; a class made by ``compose()`` (type(), no class statement)
-    comes after the module's own classes."""
-    try:
-        return inspect.getsourcelines(cls)[1]
-    except (OSError, TypeError):
-        return 10**9
-
-
-def method_descriptions() -> dict[str, str]:
+def method_descriptions(entries: dict[str, Any] | None = None) -> dict[str, str]:
     """Registered method name -> one line: the paper and what it does."""
-    modules: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for name in METHODS.names():
-        cls = METHODS.get(name)
-        modules[cls.__module__].append((source_line(cls), name))
-    out = {}
-    for module, members in modules.items():
-        module_doc = first_paragraph(sys.modules[module].__doc__)
-        for i, (_, name) in enumerate(sorted(members)):
-            cls = METHODS.get(name)
-            own = first_paragraph(cls.__dict__.get("__doc__"))
-            text = (own or module_doc) if i else (module_doc or own)
-            out[name] = one_line(text or cls.__name__)
-    return dict(sorted(out.items()))
+    entries = catalog.load()["methods"] if entries is None else entries
+    return {name: entries[name]["description"] for name in sorted(entries)}
 
 
 def shown_entry(entry: str) -> str:
@@ -66,20 +30,20 @@ def shown_entry(entry: str) -> str:
     return entry if Path(entry).suffix else f"{entry}/"
 
 
-def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
+def dataset_locations(home: Path, entries: dict[str, Any] | None = None) -> dict[str, tuple[str, str, str]]:
     """Dataset name -> (present / fetchable / manual / -, its classes, where it is looked for)."""
+    entries = catalog.load()["datasets"] if entries is None else entries
     out = {}
-    for name in DATASETS.names():
-        cls = DATASETS.get(name)
-        classes = cls.__dict__.get("class_names", getattr(cls, "class_names", None))
-        count = f"{len(classes)} classes" if isinstance(classes, list | tuple) else "its classes"  # class-folder
-        if cls.home_entries:
-            where = " or ".join(shown_entry(e) for e in cls.home_entries)
-            if cls.default_root:
-                where += f" (else {cls.default_root})"
+    for name in sorted(entries):
+        d = entries[name]
+        count = f"{d['classes']} classes" if d["classes"] is not None else "its classes"  # class-folder
+        if d["home_entries"]:
+            where = " or ".join(shown_entry(e) for e in d["home_entries"])
+            if d["default_root"]:
+                where += f" (else {d['default_root']})"
             found = present_at(name, home)
             where += f": found at {found}" if found else ""
-        elif cls.download_hint:
+        elif d["needs_root"]:
             where = "--data.root DIR (not looked for under the data home)"
         else:
             where = "needs no files"
@@ -87,19 +51,10 @@ def dataset_locations(home: Path) -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def scheme_descriptions() -> dict[str, str]:
-    """Partition scheme -> the first sentence of its description in the docstring of the module that
-    registers it (datamodules/partitions/<file>.py): its ``name`` entry, or the module's first line; the
-    scheme function's own docstring when its module has none."""
-    out = {}
-    for name in PARTITION_SCHEMES.names():
-        scheme = PARTITION_SCHEMES.get(name)
-        doc = getattr(sys.modules.get(scheme.__module__), "__doc__", None) or scheme.__doc__ or ""
-        entry = re.search(rf"^``{re.escape(name)}``\n((?:    .*\n?)+)", doc, re.MULTILINE)
-        text = entry.group(1) if entry else doc.split("\n\n")[0].removeprefix(f"``{name}``:")
-        out[name] = one_line(" ".join(text.replace("``", "").split()))
-    return out
-
+def scheme_descriptions(entries: dict[str, Any] | None = None) -> dict[str, str]:
+    """Partition scheme -> the first sentence of its description (bench/reporting/catalog.py)."""
+    entries = catalog.load()["schemes"] if entries is None else entries
+    return {name: entries[name]["description"] for name in sorted(entries)}
 
 
 def table(rows: dict[str, str | tuple[str, ...]]) -> list[str]:
@@ -110,9 +65,12 @@ def table(rows: dict[str, str | tuple[str, ...]]) -> list[str]:
             for r in rows.values()]
 
 
-def listing(home: Path | None = None) -> str:
+def listing(home: Path | None = None, entries: dict[str, Any] | None = None) -> str:
+    """The listing; ``entries``: a catalog (default ``catalog.load()``)."""
     home = home or data_home()
-    methods, datasets, schemes = method_descriptions(), dataset_locations(home), scheme_descriptions()
+    entries = catalog.load() if entries is None else entries
+    methods = method_descriptions(entries["methods"])
+    datasets, schemes = dataset_locations(home, entries["datasets"]), scheme_descriptions(entries["schemes"])
     return "\n".join([
         f"Methods ({len(methods)}; --method.name NAME):", *table(methods), "",
         (f"Datasets ({len(datasets)}; --data.name NAME), looked for under the data home {home} "

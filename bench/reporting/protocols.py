@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.core.errors import FedbenchError
-from bench.metrics import VAL_SCORES, metric_sum
+from bench.val_scores import VAL_SCORES, metric_sum
 
 EVALS = {
     "global": "the global model on the global test set",
@@ -210,13 +210,13 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
                  overrides: dict[str, Any] | None = None, stand_in: str | None = None) -> RowProtocol:
     """The protocol of a row whose (first) run has config ``cfg``; ``overrides``: the command-line
     changes of its runs (bench/reporting/table_overrides.py); ``stand_in``: why it is a stand-in."""
-    from lightning_modules.base import METHODS
+    from bench.reporting.catalog import method_traits  # the method is not imported: no torch for coverage
 
-    cls = METHODS.get(cfg.method.name)
-    if cls.runs_centrally:
+    protocol, runs_centrally = method_traits(cfg.method.name)
+    if runs_centrally:
         eval_protocol = "global"
     else:
-        eval_protocol = getattr(cfg.fed, "protocol", None) or cls.protocol
+        eval_protocol = getattr(cfg.fed, "protocol", None) or protocol
     rule = row.get("round_rule") or default_round_rule(eval_protocol, spec.get("round_rule"))
     if rule not in ROUND_RULES:
         raise FedbenchError(f"{where}: unknown round_rule {rule!r}; choose one of {', '.join(ROUND_RULES)}.")
@@ -225,7 +225,7 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
                             "protocol has none of; use final or max-test-bacc.")
     stand_in = stand_in or spec.get("stand_in")
     partition = None if row.get("partition_independent") else partition_key(cfg)
-    return RowProtocol(eval_protocol, rule, cfg.method.name, run_setup(cfg, cls.runs_centrally), partition,
+    return RowProtocol(eval_protocol, rule, cfg.method.name, run_setup(cfg, runs_centrally), partition,
                        describe_overrides(overrides), stand_in)
 
 

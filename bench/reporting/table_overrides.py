@@ -44,7 +44,7 @@ import yaml
 
 from bench.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
 from bench.core.errors import FedbenchError
-from bench.validation import describe, matches
+from bench.option_types import describe, matches
 
 # the table's own axes and flags: not settable with --set (the message says what to use instead)
 RESERVED = {
@@ -254,17 +254,22 @@ class TableOverrides:
         (gitignored, removed by ``make clean-results``), else ``tables_dir``."""
         return tables_dir if self.full_budget else str(Path(tables_dir) / REDUCED_DIR)
 
-    def apply(self, runs: list) -> None:
-        """Set every override in every planned run (method.args.* where the method accepts it)."""
+    @staticmethod
+    def method_accepts(name: str) -> set[str]:
+        """The keyword options of method ``name`` (imports it: only when ``--set method.args.*`` is given)."""
         from bench.experiment import method_arg_names
         from lightning_modules.base import METHODS
 
+        return method_arg_names(METHODS.get(name))
+
+    def apply(self, runs: list) -> None:
+        """Set every override in every planned run (method.args.* where the method accepts it)."""
         for key in (k for k in self.sets if k.startswith("method.args.")):
             self.applied_to[key] = []
         budget = self.budget_sets
         for run in runs:
             d = run.cfg.to_dict()
-            accepts = method_arg_names(METHODS.get(d["method"]["name"]))
+            accepts = self.method_accepts(d["method"]["name"]) if self.applied_to else set()
             for key, value in self.sets.items():
                 *path, last = key.split(".")
                 if path == ["method", "args"]:

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from bench.code_version import code_version, same_code
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.core.lifetime import first_process
 from bench.core.paths import plain_name, shipped
 from bench.records import (
     RecordError,
@@ -237,7 +238,7 @@ def check_shared_records(runs: list[PlannedRun]) -> None:
     by_path: dict[Path, PlannedRun] = {}
     for r in runs:
         other = by_path.setdefault(run_record_path(r.cfg), r)
-        if result_config(other.cfg.to_dict()) != result_config(r.cfg.to_dict()):
+        if other is not r and result_config(other.cfg.to_dict()) != result_config(r.cfg.to_dict()):
             raise FedbenchError(f"Table {r.cfg.experiment}: rows {other.label!r} and {r.label!r} would write the same "
                                 f"run record ({r.cfg.record_name()}) with different options; give one of them different "
                                 "method options or put it in another table.")
@@ -358,14 +359,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     args.shard = parse_shard(args.shard)
     check_flag_combinations(args)
-
-    from bench.reporting.tables import render_table
-
     if args.data_home:
         set_data_home(args.data_home)
     full_spec, spec, overrides, runs = planned_table(args.config, args.set, args.seeds, args.rows, args.folds,
                                                      args.output_dir)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
+    if first_process():  # what it is about to do, before the training stack is imported (the checks import it)
+        what = "rendering the table from their records" if args.render_only else "checking every run before any starts"
+        print(f"{spec['table']} {spec['dataset']}: {len(distinct_runs(runs))} runs planned from {args.config}; {what}",
+              flush=True)
+    from bench.reporting.tables import render_table
+
     in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
     trained: list[PlannedRun] = []
     if args.render_only:
