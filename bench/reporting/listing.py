@@ -16,7 +16,7 @@ from typing import Any
 from bench.reporting import catalog
 from bench.reporting.data_command import availability, present_at
 from bench.reporting.flags import FlagParser
-from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
+from datamodules.data_home import DATA_HOME_ENV, data_home, set_data_home
 
 
 def method_descriptions(entries: dict[str, Any] | None = None) -> dict[str, str]:
