@@ -17,6 +17,7 @@ with --help (fedbench run --help).
 """
 from __future__ import annotations
 
+import difflib
 import gc
 import os
 import signal
@@ -36,8 +37,9 @@ from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
+from bench.core.registry import declared_names
 from bench.ports import launcher_pid
-from bench.reporting.flags import bare_booleans, fail, respell, unrecognized_message
+from bench.reporting.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -49,16 +51,17 @@ HELP = {
 }
 
 
-class RunParser(ArgumentParser):
-    """jsonargparse, with an error as one line (no usage dump) and a mistyped flag answered with the
-    closest one (bench/reporting/flags.py)."""
+class RunParser(CommandParser):
+    """jsonargparse, with fedbench's conventions (bench/reporting/flags.py); its ``--print_config`` is
+    jsonargparse's own (the run's whole config, which ``--config`` reads back)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(print_options=False, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
-        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # it raises
-            super().error(message, ex)
-        if message.startswith("unrecognized arguments: "):
-            message = unrecognized_message(message.split(": ", 1)[1].split(" "), self._option_string_actions)
-        fail(self.prog, message)
+        if os.environ.get("JSONARGPARSE_DEBUG"):  # it raises, with jsonargparse's traceback
+            ArgumentParser.error(self, message, ex)
+        super().error(message, ex)
 
 
 def run_parser() -> ArgumentParser:
@@ -75,29 +78,40 @@ def run_parser() -> ArgumentParser:
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, "
                              "else ./data); an explicit --data.root wins")
     parser.set_defaults(devices="auto")  # the command's default: the cores as client workers (bench/workers.py)
+    show_choices(parser)
     return parser
 
 
-def boolean_flags() -> list[str]:
-    """The `run` flags whose type admits true/false: given bare, they mean true (``--wandb``)."""
-    def admits_bool(hint) -> bool:
-        return hint is bool or bool in typing.get_args(hint)
-
-    flags = [f"--{key}" for key, hint in typing.get_type_hints(RunConfig).items()
-             if key in TOP_LEVEL_KEYS and admits_bool(hint)]
-    for group, typ in OPTION_GROUPS.items():
-        flags += [f"--{group}.{key}" for key, hint in typing.get_type_hints(typ).items() if admits_bool(hint)]
-    return flags
+# options whose value is a registered name: (package, registry) whose source declares the names
+REGISTRY_OPTIONS = {"--method.name": ("lightning_modules", "METHODS"), "--data.name": ("datamodules", "DATASETS"),
+                    "--partition.scheme": ("datamodules.partitions", "PARTITION_SCHEMES")}
 
 
-def run_argv(parser: ArgumentParser, argv: list[str]) -> list[str]:
-    """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag."""
-    return bare_booleans(respell(argv, parser._option_string_actions), boolean_flags())
+def show_choices(parser: ArgumentParser) -> None:
+    """``--help`` of --method.name, --data.name and --partition.scheme lists the registered names (read from
+    the registering modules' source: no import of torch; a typo is refused with the closest name later)."""
+    for flag, (package, registry) in REGISTRY_OPTIONS.items():
+        parser._option_string_actions[flag].help = (f"one of: {', '.join(declared_names(package, registry))} "
+                                                    "(`fedbench list` says what each is)")
+
+
+def refuse_other_configs(argv: list[str]) -> None:
+    """``fedbench run --config`` given a table config (or the regression set): one error naming the command
+    that reads it, before jsonargparse reports its keys one by one."""
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        path = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name == "--config" and path:
+            kind, _ = config_kind(path)
+            if kind in ("table", "regression"):
+                command = "table --config" if kind == "table" else "regression --config"
+                raise FedbenchError(f"{path} is a {kind} config, not a run's: use `fedbench {command} {path}`.")
 
 
 def parse_run(argv: list[str]) -> RunConfig:
+    refuse_other_configs(argv)
     parser = run_parser()
-    ns = parser.parse_args(run_argv(parser, argv))
+    ns = parser.parse_args(argv)
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
     init = instantiate(ns)
     kwargs = {k: v for k, v in vars(init).items() if k not in ("config", "__path__")}
@@ -175,9 +189,16 @@ def run_command(argv: list[str]) -> int:
         if print_error_once(str(err)):  # an error every rank hit: printed by rank 0 only
             print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
-    print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
-          "(fedbench --help shows examples).", file=sys.stderr)
+    print(f"fedbench: error: {unknown_command_message(command)}", file=sys.stderr)
     return 2
+
+
+def unknown_command_message(command: str) -> str:
+    """A mistyped command answered with the closest one (``tabel``: did you mean table?)."""
+    close = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.5)
+    guess = f"did you mean {close[0]}? " if close else ""
+    return (f"unknown command {command!r}; {guess}The commands: {', '.join(COMMANDS[:-1])} and {COMMANDS[-1]} "
+            "(`fedbench --help` shows examples).")
 
 
 COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "bench")

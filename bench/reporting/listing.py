@@ -15,7 +15,7 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 from datamodules.base import DATASETS
 from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
 from datamodules.partitions import PARTITION_SCHEMES
@@ -122,8 +122,8 @@ def listing(home: Path | None = None) -> str:
     ])
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench list", description=__doc__.split("\n\n")[0])
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench list", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-home", default=None,
                         help=f"the data home to look in (default ${DATA_HOME_ENV}, else ./data)")
     return parser
