@@ -19,6 +19,7 @@ import difflib
 import json
 import re
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -154,6 +155,7 @@ def plain_message(message: str) -> str:
     """A jsonargparse error on one line in fedbench's words: 'Parser key "fed.rounds":\\n  Expected a
     <class 'int'>. Got value: abc' -> "--fed.rounds: expected int, got 'abc'"."""
     text = re.sub(r"<class '([\w.]+)'>", r"\1", message)
+    text = re.sub(r"(?:typing\.)?Literal\[(.*?)\]\. Got value", r"one of \1. Got value", text)
     text = re.sub(r'^Parser key "([^"]+)":', r"--\1:", text.strip())
     text = re.sub(r"Expected a (.*?)\. Got value: (.*)$", lambda m: f"expected {m[1]}, got {m[2]!r}", text, flags=re.MULTILINE)
     return " ".join(text.split())
@@ -202,7 +204,11 @@ def list_item(hint: Any) -> type | None:
 
 
 class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help (types, defaults, ``{true,false}``) under a description kept as written."""
+    """jsonargparse's help (types, defaults, ``{true,false}``) under a description kept as written; an option's
+    help is wrapped at spaces only (a name such as clip-ft-fedavg stays whole)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class CommandParser(ArgumentParser):

@@ -3,16 +3,18 @@
 estimated time from the wall time of the records found. Nothing is run, launched or written.
 
 The estimate of a run that would run is its own earlier record's wall time (a record made under another
-config or code), else the median of its row's records here, else the median of every record of the table
-here; without any record of the table the time is unknown and the plan says so.
+config or code), else the median of the records of its method (name, options, protocol) in the table's record
+folders here (every seed and column, not only the ones chosen with --seeds / --rows), else the median of every
+record there; without any record of the table the time is unknown and the plan says so.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import warnings
 from dataclasses import dataclass
 
-from bench.records import RecordError, bare_record_path, find_record, load_record
+from bench.records import RecordError, bare_record_path, find_record, load_record, run_record_path
 
 
 @dataclass
@@ -52,15 +54,39 @@ def plan_lines(runs: list, force: bool) -> list[PlanLine]:
     return lines
 
 
-def estimate(lines: list[PlanLine]) -> tuple[float, int]:
+def method_key(config: dict) -> str:
+    """What makes records of one row comparable in time: the method, its options and its protocol."""
+    method = config.get("method") or {}
+    return json.dumps([method.get("name"), method.get("args"), (config.get("fed") or {}).get("protocol")],
+                      sort_keys=True, default=str)
+
+
+def recorded_seconds(runs: list) -> dict[str, list[float]]:
+    """Wall seconds of every record in the runs' record folders, by ``method_key`` of its config."""
+    out: dict[str, list[float]] = {}
+    seen = set()
+    for folder in dict.fromkeys(run_record_path(r.cfg).parent for r in runs):
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            if path.resolve() in seen:  # <run name>.json may link to a record of the folder
+                continue
+            seen.add(path.resolve())
+            try:
+                rec = load_record(path)
+            except (RecordError, OSError):
+                continue
+            if isinstance(rec.get("wall_seconds"), int | float) and isinstance(rec.get("config"), dict):
+                out.setdefault(method_key(rec["config"]), []).append(float(rec["wall_seconds"]))
+    return out
+
+
+def estimate(lines: list[PlanLine], recorded: dict[str, list[float]]) -> tuple[float, int]:
     """(estimated seconds of the runs that would run, how many of them have no basis for an estimate)."""
-    timed = [line for line in lines if line.seconds is not None]
+    every = [s for seconds in recorded.values() for s in seconds]
     total, unknown = 0.0, 0
     for line in (x for x in lines if x.runs):
-        same_row = [x.seconds for x in timed if x.run.label == line.run.label]
+        same = recorded.get(method_key(line.run.cfg.to_dict()))
         basis = line.seconds if line.seconds is not None else (
-            statistics.median(same_row) if same_row else statistics.median([x.seconds for x in timed]) if timed
-            else None)
+            statistics.median(same) if same else statistics.median(every) if every else None)
         if basis is None:
             unknown += 1
         else:
@@ -78,7 +104,8 @@ def estimate_line(lines: list[PlanLine], jobs: int) -> str:
     todo = sum(line.runs for line in lines)
     if not todo:
         return "estimated time: none (every run has an up-to-date record; the table is only rendered)"
-    seconds, unknown = estimate(lines)
+    recorded = recorded_seconds([line.run for line in lines])
+    seconds, unknown = estimate(lines, recorded)
     if unknown == todo:
         return ("estimated time: unknown (no record of this table's runs here to time them by; each record keeps "
                 "its wall time, so the plan estimates once one run has one)")
@@ -86,7 +113,7 @@ def estimate_line(lines: list[PlanLine], jobs: int) -> str:
     text += f" ({unknown} without any record of the table to time them by)" if unknown else ""
     if jobs > 1:
         text += f"; with --jobs {jobs} about {duration(seconds / jobs)} if they share the cores evenly"
-    timed = sum(line.seconds is not None for line in lines)
+    timed = sum(map(len, recorded.values()))
     return text + f" (from the wall time of {timed} record{'s' if timed != 1 else ''} of this table here)"
 
 

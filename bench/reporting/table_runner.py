@@ -305,6 +305,7 @@ def build_parser() -> CommandParser:
     parser = CommandParser(prog="fedbench table", description=__doc__, hint=run_option_hint, own_print_config=True,
                            epilog="Flags take either spelling (--output-dir or --output_dir); a boolean flag may be "
                                   "bare (true); a list flag takes [a,b] (also a,b, a b, or the flag repeated).")
+    parser._option_string_actions["--print_config"].help = "print the options as YAML, then the plan (--dry-run), and exit"
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--dry-run", type=bool, default=False,
                         help="print the table's plan (its runs, which have a record, an estimated time) and exit: "
