@@ -6,14 +6,16 @@ or time the hot loop.
     fedbench run --print-config                     # every option, with defaults
     fedbench run --data-home /data --data.name kvasir    # datasets under /data by their archive names
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
+    fedbench table --config configs/tables/table2_fashion-mnist.yaml --seeds 0 --rows FedAvg,FedBM --dry-run  # the plan only
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
     fedbench dashboard --config configs/tables/table2_fashion-mnist.yaml  # a W&B workspace + report for the table
     fedbench bench
 
-Every command takes either spelling of a flag (--output-dir or --output_dir, --data.max-train-samples or
---data.max_train_samples), a boolean flag bare or with a value (--wandb, --wandb false), and lists its flags
-with --help (fedbench run --help).
+Every command follows jsonargparse's conventions (bench/reporting/flags.py): --print_config prints its
+options, a boolean flag is {true,false} (bare: true), a list is [a,b] (also a,b, a b, the flag repeated or
+--flag+ c), either spelling of a flag works (--output-dir or --output_dir), an error is one "fedbench: error:"
+line, and --help lists the flags (fedbench run --help).
 """
 from __future__ import annotations
 
