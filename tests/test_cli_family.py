@@ -47,14 +47,29 @@ def exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "run"])
 def test_every_command_prints_its_options_with_print_config(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # nothing the command would write lands in the repository
-    assert exit_code([command, "--print_config", *REQUIRED.get(command, [])]) == 0
+    rows = ["--rows", "[FedAvg]"] if command == "table" else []  # a table's plan: its checks of 6 runs, not 129
+    assert exit_code([command, "--print_config", *REQUIRED.get(command, []), *rows]) == 0
     out = capsys.readouterr().out
     options = yaml.safe_load(out.split("\ntable2 fashion-mnist: ")[0])  # the table's plan follows its options
     flags = {a.dest for a in parser_of(command)._actions if a.option_strings and a.dest not in ("help", "print_config")}
     assert set(options) == flags, command
     if command == "table":
-        assert options["config"] == TABLE and "\ntable2 fashion-mnist: 129 runs, 0 up to date, 129 to run\n" in out
+        assert options["config"] == TABLE and options["rows"] == ["FedAvg"]
+        assert "\ntable2 fashion-mnist: 6 runs, 0 up to date, 6 to run\n" in out
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_is_an_attribute_of_the_parsed_options(command):
+    """jsonargparse's Namespace has methods (update, items, ...): an option of that name would read as the
+    method (`fedbench regression --update` was always true), so no option is named like one."""
+    parser = parser_of(command)
+    args = parser.parse_args(REQUIRED.get(command, []))
+    own = {"help", "print_shtab"} | ({"print_config"} if command == "run" else set())  # jsonargparse's actions
+    for action in (a for a in parser._actions if a.option_strings and a.dest not in own):
+        assert all(p.isidentifier() for p in action.dest.split(".")) and not callable(getattr(args, action.dest.split(".")[0])), action.dest
+    if command == "regression":
+        assert parser.parse_args([]).update_references is False and parser.parse_args(["--update"]).update_references
 
 
 @pytest.mark.parametrize("command", COMMANDS)

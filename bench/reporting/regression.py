@@ -132,14 +132,14 @@ def build_parser() -> CommandParser:
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--reference-dir", default=DEFAULT_REFERENCES)
     parser.add_argument("--only", type=list[str] | None, default=None, help="run these entries only, e.g. --only [fedavg,fedcb]")
-    parser.add_argument("--update", type=bool, default=False, help="rewrite the references with the new numbers")
+    parser.add_argument("--update", dest="update_references", type=bool, default=False, help="rewrite the references with the new numbers")
     parser.add_argument("--reason", help="why the references change (required with --update)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.update and not (args.reason or "").strip():
+    if args.update_references and not (args.reason or "").strip():
         raise FedbenchError("--update needs --reason \"why the numbers moved\".")
     spec = load_config(args.config)
     names = args.only or entry_names(spec)
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         measured = run_entry(spec, name)
         shown = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=none" for k, v in measured["metrics"].items())
-        if args.update:
+        if args.update_references:
             print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
             continue
         reference = load_reference(name, args.reference_dir)
@@ -162,6 +162,6 @@ def main(argv: list[str]) -> int:
                             f"{measured['versions']}; install the locked set with `make install`)")
         failed += bool(failures)
         print(f"{name}: {'FAIL' if failures else 'ok'} ({shown})" + "".join(f"\n  {f}" for f in failures))
-    if not args.update:
+    if not args.update_references:
         print(f"regression: {len(names) - failed}/{len(names)} entries match their references")
     return 1 if failed else 0
