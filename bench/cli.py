@@ -6,19 +6,21 @@ or time the hot loop.
     fedbench run --print-config                     # every option, with defaults
     fedbench run --data-home /data --data.name kvasir    # datasets under /data by their archive names
     fedbench table --config configs/tables/table2_fashion-mnist.yaml [--wandb]
+    fedbench table --config configs/tables/table2_fashion-mnist.yaml --seeds 0 --rows FedAvg,FedBM --dry-run  # the plan only
     fedbench regression [--only fedavg] [--update --reason "why the numbers moved"]
     fedbench coverage [--paper fedbm] [--json] [--uncovered-only]   # which published cells the configs reproduce
     fedbench dashboard --config configs/tables/table2_fashion-mnist.yaml  # a W&B workspace + report for the table
     fedbench data get kvasir [--data-home /data]    # download, check and unpack a public dataset (docs/data.md)
     fedbench bench
 
-Every command takes either spelling of a flag (--output-dir or --output_dir, --data.max-train-samples or
---data.max_train_samples), a boolean flag bare or with a value (--wandb, --wandb false), and lists its flags
-with --help (fedbench run --help).
+Every command follows jsonargparse's conventions (bench/reporting/flags.py): --print_config prints its
+options, a boolean flag is {true,false} (bare: true), a list is [a,b] (also a,b, a b, the flag repeated or
+--flag+ c), either spelling of a flag works (--output-dir or --output_dir), an error is one "fedbench: error:"
+line, and --help lists the flags (fedbench run --help).
 """
 from __future__ import annotations
 
-import functools
+import difflib
 import gc
 import os
 import signal
@@ -32,12 +34,15 @@ from bench.core import lifetime
 if __name__ == "__main__" or Path(sys.argv[0]).name == "fedbench":  # the command itself (or a rank it started)
     lifetime.interrupt_during_startup()  # Ctrl-C while torch is still importing: one line and 130, no traceback
 
+from jsonargparse import ActionConfigFile, ArgumentParser
+
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
+from bench.core.registry import declared_names
 from bench.ports import launcher_pid
-from bench.reporting.flags import bare_booleans, fail, respell, unrecognized_message
+from bench.reporting.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -49,28 +54,21 @@ HELP = {
 }
 
 
-@functools.cache
-def run_parser_class() -> type:
-    """``RunParser``: jsonargparse's parser, imported when a `run` is parsed (not for `fedbench --help`,
-    `list` or `coverage`), with an error as one line (no usage dump) and a mistyped flag answered with the
-    closest one (bench/reporting/flags.py)."""
-    from jsonargparse import ArgumentParser
+class RunParser(CommandParser):
+    """jsonargparse, with fedbench's conventions (bench/reporting/flags.py); its ``--print_config`` is
+    jsonargparse's own (the run's whole config, which ``--config`` reads back)."""
 
-    class RunParser(ArgumentParser):
-        def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
-            if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # it raises
-                super().error(message, ex)
-            if message.startswith("unrecognized arguments: "):
-                message = unrecognized_message(message.split(": ", 1)[1].split(" "), self._option_string_actions)
-            fail(self.prog, message)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(print_options=False, **kwargs)
 
-    return RunParser
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        if os.environ.get("JSONARGPARSE_DEBUG"):  # it raises, with jsonargparse's traceback
+            ArgumentParser.error(self, message, ex)
+        super().error(message, ex)
 
 
-def run_parser():
-    from jsonargparse import ActionConfigFile
-
-    parser = run_parser_class()(prog="fedbench run", default_env=False, exit_on_error=True, allow_abbrev=False,
+def run_parser() -> ArgumentParser:
+    parser = RunParser(prog="fedbench run", default_env=False, exit_on_error=True, allow_abbrev=False,
                        description="Run one federated experiment. Flags take either spelling (--output-dir or "
                                    "--output_dir); a boolean flag may be bare (--wandb: true) or take true/false.")
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config (see configs/)")
@@ -83,34 +81,50 @@ def run_parser():
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, "
                              "else ./data); an explicit --data.root wins")
     parser.set_defaults(devices="auto")  # the command's default: the cores as client workers (bench/workers.py)
+    show_choices(parser)
     return parser
 
 
-def boolean_flags() -> list[str]:
-    """The `run` flags whose type admits true/false: given bare, they mean true (``--wandb``)."""
-    def admits_bool(hint) -> bool:
-        return hint is bool or bool in typing.get_args(hint)
-
-    flags = [f"--{key}" for key, hint in typing.get_type_hints(RunConfig).items()
-             if key in TOP_LEVEL_KEYS and admits_bool(hint)]
-    for group, typ in OPTION_GROUPS.items():
-        flags += [f"--{group}.{key}" for key, hint in typing.get_type_hints(typ).items() if admits_bool(hint)]
-    return flags
+# options whose value is a registered name: (package, registry) whose source declares the names
+REGISTRY_OPTIONS = {"--method.name": ("lightning_modules", "METHODS"), "--data.name": ("datamodules", "DATASETS"),
+                    "--partition.scheme": ("datamodules.partitions", "PARTITION_SCHEMES")}
 
 
-def run_argv(parser, argv: list[str]) -> list[str]:
-    """``argv`` in the parser's own spelling, with ``true`` after a bare boolean flag and a --config not
-    in the working directory looked up in the checkout or the installed package (bench.core.paths.shipped)."""
+def show_choices(parser: ArgumentParser) -> None:
+    """``--help`` of --method.name, --data.name and --partition.scheme lists the registered names (read from
+    the registering modules' source: no import of torch; a typo is refused with the closest name later)."""
+    for flag, (package, registry) in REGISTRY_OPTIONS.items():
+        parser._option_string_actions[flag].help = (f"one of: {', '.join(declared_names(package, registry))} "
+                                                    "(`fedbench list` says what each is)")
+
+
+def refuse_other_configs(argv: list[str]) -> None:
+    """``fedbench run --config`` given a table config (or the regression set): one error naming the command
+    that reads it, before jsonargparse reports its keys one by one."""
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        path = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if name == "--config" and path:
+            kind, _ = config_kind(path)
+            if kind in ("table", "regression"):
+                command = "table --config" if kind == "table" else "regression --config"
+                raise FedbenchError(f"{path} is a {kind} config, not a run's: use `fedbench {command} {path}`.")
+
+
+def shipped_configs(argv: list[str]) -> list[str]:
+    """``argv`` with a --config not in the working directory looked up in the checkout or the installed
+    package (bench.core.paths.shipped)."""
     from bench.core.paths import shipped
 
-    argv = bare_booleans(respell(argv, parser._option_string_actions), boolean_flags())
     return [str(shipped(a)) if i and argv[i - 1] == "--config" else
             f"--config={shipped(a.split('=', 1)[1])}" if a.startswith("--config=") else a for i, a in enumerate(argv)]
 
 
 def parse_run(argv: list[str]) -> RunConfig:
+    argv = shipped_configs(argv)
+    refuse_other_configs(argv)
     parser = run_parser()
-    ns = parser.parse_args(run_argv(parser, argv))
+    ns = parser.parse_args(argv)
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
     init = instantiate(ns)
     kwargs = {k: v for k, v in vars(init).items() if k not in ("config", "__path__")}
@@ -173,8 +187,7 @@ def run_command(argv: list[str]) -> int:
         if print_error_here(str(err)):  # an error every rank hit: printed by rank 0 only
             print(f"fedbench: error: {err}", file=sys.stderr)
         return 2
-    print(f"fedbench: unknown command {command!r}; use {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]} "
-          "(fedbench --help shows examples).", file=sys.stderr)
+    print(f"fedbench: error: {unknown_command_message(command)}", file=sys.stderr)
     return 2
 
 
@@ -212,6 +225,14 @@ def print_error_here(text: str) -> bool:
     from bench.liveness import print_error_once
 
     return print_error_once(text)
+
+
+def unknown_command_message(command: str) -> str:
+    """A mistyped command answered with the closest one (``tabel``: did you mean table?)."""
+    close = difflib.get_close_matches(command, COMMANDS, n=1, cutoff=0.5)
+    guess = f"did you mean {close[0]}? " if close else ""
+    return (f"unknown command {command!r}; {guess}The commands: {', '.join(COMMANDS[:-1])} and {COMMANDS[-1]} "
+            "(`fedbench --help` shows examples).")
 
 
 COMMANDS = ("list", "run", "table", "regression", "coverage", "dashboard", "data", "bench")

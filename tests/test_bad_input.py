@@ -30,7 +30,7 @@ def written_files(tmp_path: Path) -> list[str]:
         (["--method.lr", "1e9"], "The loss became NaN/inf in round 0"),
         (["--method.name", "fedprox", "--method.args", '{"muu": 0.1}'],
          "has unknown option(s) ['muu']; 'fedprox' accepts: ['mu']"),
-        (["--method.optimizer", "sgdd"], "Got value: sgdd"),
+        (["--method.optimizer", "sgdd"], "--method.optimizer: expected one of 'sgd', 'adam', 'adamw', got 'sgdd'"),
         (["--precision", "bf16-true"], ("precision 'bf16-true' is not supported; choose one of ['32-true', "
                                         "'64-true', 'bf16-mixed', '16-mixed']")),
     ],

@@ -271,8 +271,12 @@ def test_folds_option_runs_only_those_folds_as_a_reduced_table(tmp_path, capsys)
     full = (tmp_path / "tables" / "foldcheck_digits.md").read_text()
     assert full.count("(1/3 folds)") == 2 and "seeds)" not in full
     before = sorted(p.name for p in (tmp_path / "runs").rglob("*"))
-    for wrong, says in (("3", "choose among the config's folds 0..2"), ("x", "fold numbers separated by commas")):
-        assert main(argv + ["--folds", wrong]) == 2
+    for wrong, says in (("3", "choose among the config's folds 0..2"), ("x", "--folds: expected int items, got 'x'")):
+        try:
+            code = main(argv + ["--folds", wrong])
+        except SystemExit as stop:  # a value the parser cannot read ("x") stops there, as a mistyped flag does
+            code = stop.code
+        assert code == 2
         assert says in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "runs").rglob("*")) == before
     seeds_table = tmp_path / "seeds.yaml"

@@ -57,13 +57,14 @@ CASES = [
     (["--fed.lr_decay", "-1"], "fed.lr_decay must be in (0, 1] (the lr is multiplied by it every round), got -1.0."),
     (["--fed.lr_gamma", "0"], "fed.lr_gamma must be in (0, 1], got 0.0."),
     (["--method.lr", "-0.1"], "method.lr must be a finite number > 0, got -0.1."),
-    (["--method.lr", "nan"], "Got value: nan"),
+    (["--method.lr", "nan"], "--method.lr: expected float, got 'nan'"),
     (["--method.momentum", "1.5"], "method.momentum must be in [0, 1), got 1.5."),
     (["--threads", "-2"], "threads must be >= 1 (or null for Lightning's choice), got -2."),
     (["--devices", "0"], "devices must be >= 1, got 0."),
     (["--timeout", "0"], "timeout must be a number of minutes > 0, got 0.0."),
     (["--seed", "-1"], "seed must be >= 0, got -1."),
-    (["--precision", "17-weird"], "Got value: 17-weird"),
+    (["--precision", "17-weird"], ("--precision: expected one of '32-true', '64-true', '16-mixed', 'bf16-mixed', "
+                                 "'16-true', 'bf16-true', got '17-weird'")),
     (["--precision", "16-true", "--accelerator", "cpu"], ("precision '16-true' is not supported; choose "
                                                          "one of ['32-true', '64-true', 'bf16-mixed', '16-mixed']")),
     (["--precision", "16-mixed", "--accelerator", "cpu"], "--precision 16-mixed needs a CUDA GPU"),

@@ -16,11 +16,10 @@ counts once per facet of the row closest to the paper's protocol), and per proto
 cells have it stated in the paper, read from code or chosen by us (bench/reporting/paper_sources.py).
 ``--json`` prints all of it as JSON.
 
-    fedbench coverage [--paper fedbm --paper fedcb] [--json] [--uncovered-only]
+    fedbench coverage [--paper [fedbm,fedcb]] [--json] [--uncovered-only]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -31,7 +30,7 @@ from typing import Any
 from bench.core.errors import FedbenchError
 from bench.core.paths import shipped
 from bench.reporting.columns import table_columns
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 from bench.reporting.paper_compare import (
     PAPER_METRICS,
     PAPER_NAMES,
@@ -235,14 +234,14 @@ def format_report(result: dict[str, Any], uncovered_only: bool = False) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench coverage", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench coverage", description=__doc__)
     parser.add_argument("--configs", default="configs/tables", help="directory of table configs")
     parser.add_argument("--papers-root", default="results/paper", help="directory of the papers' numbers")
-    parser.add_argument("--paper", action="append", help="only this paper (repeatable); default: all")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--uncovered-only", action="store_true", help="list only the uncovered cells")
+    parser.add_argument("--paper", type=list[str] | None, default=None,
+                        help="only these papers, e.g. --paper [fedbm,fedcb]; default: all")
+    parser.add_argument("--json", type=bool, default=False, help="print the result as JSON")
+    parser.add_argument("--uncovered-only", type=bool, default=False, help="list only the uncovered cells")
     return parser
 
 

@@ -21,7 +21,6 @@ plans the table as `fedbench table` does (table_runner.planned_table): the same 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 
 TRAINING = ["train/loss", "lr", "clients_trained"]
 COMMUNICATION = ["comm/bytes_up", "comm/bytes_down"]
@@ -193,9 +192,8 @@ def has_api_key() -> bool:
     return wandb_mode() == "online"
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench dashboard", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench dashboard", description=__doc__)
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
     parser.add_argument("--out", default="results/dashboards",
                         help="offline: the folder the workspace and report specs are written to, as JSON")

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.reporting import catalog
 from bench.reporting.data_command import availability, present_at
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 from datamodules.data_home import DATA_HOME_ENV, data_home, set_data_home
 
 
@@ -80,8 +80,8 @@ def listing(home: Path | None = None, entries: dict[str, Any] | None = None) -> 
     ])
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench list", description=__doc__.split("\n\n")[0])
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench list", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-home", default=None,
                         help=f"the data home to look in (default ${DATA_HOME_ENV}, else ./data)")
     return parser

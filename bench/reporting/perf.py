@@ -26,13 +26,13 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bench.core.allocator import OPT_OUT_ENV
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 from bench.reporting.perf_env import clean_env
 from bench.workers import CPU_LAYOUT, cpu_cores
 
@@ -171,22 +171,21 @@ def load_report(path: Path) -> dict:
         return {}
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench bench", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(DEFAULT_CASES))
-    parser.add_argument("--backbones", nargs="+", default=["resnet18", "simple-cnn"])
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench bench", description=__doc__)
+    parser.add_argument("--cases", type=list[Literal[CASES]], default=list(DEFAULT_CASES))
+    parser.add_argument("--backbones", type=list[str], default=["resnet18", "simple-cnn"])
     parser.add_argument("--samples", type=int, default=2048, help="training samples per timed epoch")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=cpu_cores(), help="torch threads of a loop (default: cores)")
     parser.add_argument("--repeats", type=int, default=3, help="processes per variant, interleaved")
-    parser.add_argument("--data", choices=["fashion-mnist", "synthetic"], default="fashion-mnist")
+    parser.add_argument("--data", type=Literal["fashion-mnist", "synthetic"], default="fashion-mnist")
     parser.add_argument("--cache-dir", default=None, help="decoded-data cache (default: fedbench's)")
     parser.add_argument("--round-rounds", type=int, default=3, help="round case: rounds")
     parser.add_argument("--round-samples", type=int, default=None,
                         help="round case: cap on training images (default: all of Fashion-MNIST)")
     parser.add_argument("--jobs", type=int, default=2, help="table2 case: --jobs of the concurrent variant")
-    parser.add_argument("--skip-clip", action="store_true", help="same as leaving 'clip' out of --cases")
+    parser.add_argument("--skip-clip", type=bool, default=False, help="same as leaving 'clip' out of --cases")
     parser.add_argument("--out", default="results/bench/perf.json")
     return parser
 

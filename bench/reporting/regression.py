@@ -2,7 +2,7 @@
 final test metrics with results/reference/<name>.json within the config's absolute tolerances.
 
     fedbench regression                      # run every entry, compare, exit 1 on a regression
-    fedbench regression --only fedavg fedcb  # a subset
+    fedbench regression --only [fedavg,fedcb]  # a subset (also --only fedavg fedcb, --only fedavg,fedcb)
     fedbench regression --update --reason "why the numbers moved"   # rewrite the references
 
 Each entry runs in a fresh temporary output directory (nothing is reused). A reference records the
@@ -12,7 +12,6 @@ config differs from the entry's is stale and fails the comparison.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import tempfile
@@ -25,7 +24,7 @@ from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
 from bench.records import git_commit
-from bench.reporting.flags import FlagParser
+from bench.reporting.flags import CommandParser
 from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config, with_defaults
 
 DEFAULT_CONFIG = "configs/regression.yaml"
@@ -128,20 +127,19 @@ def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str
     return path
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench regression", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench regression", description=__doc__)
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--reference-dir", default=DEFAULT_REFERENCES)
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these entries only")
-    parser.add_argument("--update", action="store_true", help="rewrite the references with the new numbers")
+    parser.add_argument("--only", type=list[str] | None, default=None, help="run these entries only, e.g. --only [fedavg,fedcb]")
+    parser.add_argument("--update", dest="update_references", type=bool, default=False, help="rewrite the references with the new numbers")
     parser.add_argument("--reason", help="why the references change (required with --update)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.update and not (args.reason or "").strip():
+    if args.update_references and not (args.reason or "").strip():
         raise FedbenchError("--update needs --reason \"why the numbers moved\".")
     spec = load_config(args.config)
     names = args.only or entry_names(spec)
@@ -151,7 +149,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         measured = run_entry(spec, name)
         shown = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=none" for k, v in measured["metrics"].items())
-        if args.update:
+        if args.update_references:
             print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
             continue
         reference = load_reference(name, args.reference_dir)
@@ -164,6 +162,6 @@ def main(argv: list[str]) -> int:
                             f"{measured['versions']}; install the locked set with `make install`)")
         failed += bool(failures)
         print(f"{name}: {'FAIL' if failures else 'ok'} ({shown})" + "".join(f"\n  {f}" for f in failures))
-    if not args.update:
+    if not args.update_references:
         print(f"regression: {len(names) - failed}/{len(names)} entries match their references")
     return 1 if failed else 0

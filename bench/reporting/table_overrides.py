@@ -144,8 +144,11 @@ def pick_rows(spec: dict, wanted: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(chosen))
 
 
-def comma_ints(flag: str, what: str, wanted: str) -> list[int]:
-    """The whole numbers of ``--<flag> 0,2``; one clear error otherwise."""
+def comma_ints(flag: str, what: str, wanted: str | list[int]) -> list[int]:
+    """The whole numbers of ``--<flag> [0,2]`` (a list: the command's parser has read it) or of ``0,2``;
+    one clear error otherwise."""
+    if isinstance(wanted, list):
+        return wanted
     try:
         return [int(s) for s in wanted.split(",") if s.strip()]
     except ValueError as err:
@@ -153,26 +156,31 @@ def comma_ints(flag: str, what: str, wanted: str) -> list[int]:
                             ) from err
 
 
-def pick_seeds(spec: dict, wanted: str | None) -> list[int] | None:
-    """The seeds named by --seeds ('0' or '0,2'), a subset of the config's."""
+def shown(wanted: str | list[int]) -> str:
+    """A --seeds / --folds value as given: ``0,2`` (a list as jsonargparse writes it: ``[0,2]``)."""
+    return wanted if isinstance(wanted, str) else f"[{','.join(map(str, wanted))}]"
+
+
+def pick_seeds(spec: dict, wanted: str | list[int] | None) -> list[int] | None:
+    """The seeds named by --seeds ([0,2], or '0' or '0,2'), a subset of the config's."""
     if wanted is None:
         return None
     seeds = comma_ints("seeds", "seeds", wanted)
     outside = [s for s in seeds if s not in spec["seeds"]]
     if not seeds or outside:
-        raise FedbenchError(f"--seeds {wanted}: choose among the config's seeds {spec['seeds']}.")
+        raise FedbenchError(f"--seeds {shown(wanted)}: choose among the config's seeds {spec['seeds']}.")
     return list(dict.fromkeys(seeds))
 
 
-def pick_folds(spec: dict, wanted: str | None) -> list[int] | None:
-    """The folds named by --folds ('0' or '0,2'), k of the config's ``folds: K`` (0 <= k < K)."""
+def pick_folds(spec: dict, wanted: str | list[int] | None) -> list[int] | None:
+    """The folds named by --folds ([0,2], or '0' or '0,2'), k of the config's ``folds: K`` (0 <= k < K)."""
     if wanted is None:
         return None
     if not spec.get("folds"):
-        raise FedbenchError(f"--folds {wanted}: this table has no folds (it repeats over seeds; use --seeds).")
+        raise FedbenchError(f"--folds {shown(wanted)}: this table has no folds (it repeats over seeds; use --seeds).")
     folds = comma_ints("folds", "fold numbers", wanted)
     if not folds or any(not 0 <= k < spec["folds"] for k in folds):
-        raise FedbenchError(f"--folds {wanted}: choose among the config's folds 0..{spec['folds'] - 1}.")
+        raise FedbenchError(f"--folds {shown(wanted)}: choose among the config's folds 0..{spec['folds'] - 1}.")
     return sorted(set(folds))
 
 
@@ -196,8 +204,8 @@ class TableOverrides:
     applied_to: dict[str, list[str]] = field(default_factory=dict)  # method.args key -> row labels it changed
 
     @classmethod
-    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | None, rows: list[str] | None,
-              folds: str | None = None) -> TableOverrides:
+    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | list[int] | None, rows: list[str] | None,
+              folds: str | list[int] | None = None) -> TableOverrides:
         out = cls(checked_sets(sets or []), pick_seeds(spec, seeds), pick_rows(spec, rows), pick_folds(spec, folds))
         if out.seeds == spec["seeds"]:
             out.seeds = None

@@ -30,7 +30,6 @@ Two row keys serve ablations:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import warnings
 from collections import Counter
@@ -54,8 +53,8 @@ from bench.records import (
     same_result_config,
 )
 from bench.reporting.columns import columns_from, table_columns
-from bench.reporting.flags import FlagParser, spellings, to_bool
-from bench.reporting.spec import check_overrides, deep_merge, load_spec, run_config
+from bench.reporting.flags import CommandParser, config_kind, options_yaml, spellings
+from bench.reporting.spec import RUN_KEYS, check_overrides, deep_merge, load_spec, run_config
 from bench.reporting.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
@@ -88,6 +87,10 @@ class PlannedRun:
 def load_table_config(path: str) -> dict[str, Any]:
     tables = shipped("configs/tables")
     avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
+    kind, keys = config_kind(path)
+    if kind == "regression" or kind == "run" and keys <= RUN_KEYS:
+        command = "run --config" if kind == "run" else "regression --config"
+        raise FedbenchError(f"{path} is a {kind} config, not a table's: use `fedbench {command} {path}`.")
     spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
     for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
         plain_name(spec.get(key), f"{path}: {key}", "the tables and records folders")
@@ -299,42 +302,48 @@ def run_option_hint(flag: str, value: str | None) -> str | None:
     return None
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench table", description=__doc__, hint=run_option_hint,
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="Flags take either spelling (--output-dir or --output_dir); --force, --render-only, "
-                               "--wandb and --tensorboard may be bare (true) or take true/false.")
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench table", description=__doc__, hint=run_option_hint, own_print_config=True,
+                           epilog="Flags take either spelling (--output-dir or --output_dir); a boolean flag may be "
+                                  "bare (true); a list flag takes [a,b] (also a,b, a b, or the flag repeated).")
+    parser._option_string_actions["--print_config"].help = "print the options as YAML, then the plan (--dry-run), and exit"
     parser.add_argument("--config", required=True, help="configs/tables/<table>_<dataset>.yaml")
-    parser.add_argument("--force", action="store_true", help="rerun even when a record with the same config exists")
-    parser.add_argument("--render-only", action="store_true", help="only render the table from existing records")
-    parser.add_argument("--replace-table", action="store_true",
+    parser.add_argument("--dry-run", type=bool, default=False,
+                        help="print the table's plan (its runs, which have a record, an estimated time) and exit: "
+                             "nothing runs, nothing is written (--print_config: the options, then the plan)")
+    parser.add_argument("--force", type=bool, default=False, help="rerun even when a record with the same config exists")
+    parser.add_argument("--render-only", type=bool, default=False, help="only render the table from existing records")
+    parser.add_argument("--replace-table", type=bool, default=False,
                         help="overwrite the rendered table even when it would lose values (records missing here); "
                              "by default a table is never replaced by a less complete one")
-    parser.add_argument("--devices", type=int, default=None,
+    parser.add_argument("--devices", type=int | None, default=None,
                         help="Fabric ranks (default: the config's, else auto: one 1-thread rank per core)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each on one rank with cores/jobs threads (bench/reporting/table_jobs.py)")
-    parser.add_argument("--output-dir", default=None, help="where run records go (default results/runs)")
-    parser.add_argument("--tables-dir", default="results/tables")
-    parser.add_argument("--wandb", nargs="?", const=True, default=None, type=to_bool, metavar="true|false",
+    parser.add_argument("--output-dir", type=str | None, default=None, help="where run records go (default results/runs)")
+    parser.add_argument("--tables-dir", type=str, default="results/tables")
+    parser.add_argument("--wandb", type=bool | None, default=None,
                         help="log the runs and the rendered table to W&B (default: the table config's 'wandb', "
                              "else false)")
-    parser.add_argument("--tensorboard", nargs="?", const=True, default=False, type=to_bool, metavar="true|false",
+    parser.add_argument("--tensorboard", type=bool, default=False,
                         help="also log each run's per-round scalars to TensorBoard, under <output-dir>/<table>/"
                              "tensorboard (every run logs them to CSV under .../csv)")
-    parser.add_argument("--wandb-dir", default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
-    parser.add_argument("--data-home", default=None,
+    parser.add_argument("--wandb-dir", type=str | None, default=None, help="W&B files (default $WANDB_DIR, else results/wandb)")
+    parser.add_argument("--data-home", type=str | None, default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, else ./data)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a run option in every run, e.g. --set fed.rounds=2 --set data.image_size=64 "
-                             "(repeatable; the table is then labelled and filed as a reduced run)")
-    parser.add_argument("--seeds", default=None, help="run only these of the config's seeds, e.g. --seeds 0 or 0,1")
-    parser.add_argument("--folds", default=None,
-                        help="in a table with folds: K, run only these folds, e.g. --folds 0 or 0,2 (a reduced run)")
-    parser.add_argument("--rows", action="append", default=None,
-                        help="run only these rows, by label: --rows FedAvg,FedBM (repeat --rows for labels with commas)")
-    parser.add_argument("--shard", default=None, metavar="I/N",
-                        help="run only shard I of N (1 <= I <= N) of the table's runs, e.g. one per machine or "
+    parser.add_argument("--set", type=list[str], default=[], keep_commas=True,
+                        help="override run options in every run, e.g. --set [fed.rounds=2,data.image_size=64] or "
+                             "--set fed.rounds=2 --set data.image_size=64 (the table is then labelled and filed as a "
+                             "reduced run)")
+    parser.add_argument("--seeds", type=list[int] | None, default=None,
+                        help="run only these of the config's seeds, e.g. --seeds [0,1] (or 0,1)")
+    parser.add_argument("--folds", type=list[int] | None, default=None,
+                        help="in a table with folds: K, run only these folds, e.g. --folds [0,2] (a reduced run)")
+    parser.add_argument("--rows", type=list[str] | None, default=None, keep_commas=True,
+                        help="run only these rows, by label: --rows [FedAvg,FedBM] (or FedAvg,FedBM; a label with a "
+                             "comma: quote it, --rows '[\"FedCB, tau 10\"]', or give it alone: --rows 'FedCB, tau 10')")
+    parser.add_argument("--shard", type=str | None, default=None,
+                        help="I/N: run only shard I of N (1 <= I <= N) of the table's runs, e.g. one per machine or "
                              "SLURM array task (--shard $((SLURM_ARRAY_TASK_ID + 1))/N); records go to the shared "
                              "--output-dir, and the table is rendered once every run of it has a record")
     return parser
@@ -357,6 +366,7 @@ def planned_table(config: str, sets: list[str] | None = None, seeds: str | None 
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    options = options_yaml(args) if args.print_config else None
     args.shard = parse_shard(args.shard)
     check_flag_combinations(args)
     if args.data_home:
@@ -364,6 +374,8 @@ def main(argv: list[str]) -> int:
     full_spec, spec, overrides, runs = planned_table(args.config, args.set, args.seeds, args.rows, args.folds,
                                                      args.output_dir)
     args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
+    if args.dry_run or args.print_config:
+        return show_plan(runs, spec, args, overrides, options)
     if first_process():  # what it is about to do, before the training stack is imported (the checks import it)
         what = "rendering the table from their records" if args.render_only else "checking every run before any starts"
         print(f"{spec['table']} {spec['dataset']}: {len(distinct_runs(runs))} runs planned from {args.config}; {what}",
@@ -417,6 +429,22 @@ def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
     from bench.reporting.wandb_logger import logged
 
     return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
+
+
+def show_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrides, options: str | None) -> int:
+    """--dry-run / --print_config: the runs checked as a real table run checks them, then the plan (the
+    command's options first with --print_config); nothing runs and nothing is written (table_plan.py)."""
+    from bench.reporting.table_plan import plan_text
+
+    if args.render_only:
+        check_render_plan(runs)
+    else:
+        check_plan(runs, spec, args, overrides)
+    if options is not None:
+        print(options)
+    title = f"{spec['table']} {spec['dataset']}" + (f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else "")
+    print(plan_text(shard_runs(distinct_runs(runs), args.shard), title, args.force, args.jobs, args.render_only))
+    return 0
 
 
 def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str],
