@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentParser
 
 from bench.core.errors import FedbenchError
 from bench.reporting.data_sources import SOURCES
 from bench.reporting.download import MIRROR_ENV, ManualDatasetError, fetch, home_lock, read_checksums
-from bench.reporting.flags import FlagParser, to_bool
+from bench.reporting.flags import CommandParser
 from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
 
 
@@ -87,10 +88,11 @@ def get_one(name: str, home: Path, args) -> bool:
     return True
 
 
-def build_parser() -> FlagParser:
-    parser = FlagParser(prog="fedbench data", description=__doc__.split("\n\n")[0])
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="fedbench data", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["get"], help="get: download (or say how to get) the datasets")
-    parser.add_argument("names", nargs="*", metavar="NAME", help="dataset names (fedbench list shows them)")
+    ArgumentParser.add_argument(parser, "names", nargs="*", metavar="NAME",  # positional words, as argparse reads them
+                                help="dataset names (fedbench list shows them)")
     parser.add_argument("--table", default=None, metavar="CONFIG",
                         help="every dataset a table config reads (configs/tables/<table>_<dataset>.yaml)")
     parser.add_argument("--data-home", default=None,
@@ -102,8 +104,8 @@ def build_parser() -> FlagParser:
     parser.add_argument("--force", action="store_true",
                         help="download even when the loader finds the dataset elsewhere (its default folder); an "
                              "existing folder in the data home is never replaced")
-    parser.add_argument("--progress", nargs="?", const=True, default=sys.stderr.isatty(), type=to_bool,
-                        metavar="true|false", help="show a progress bar (default: on a terminal)")
+    parser.add_argument("--progress", type=bool, default=sys.stderr.isatty(),
+                        help="show a progress bar (default: on a terminal; bare: true)")
     return parser
 
 
