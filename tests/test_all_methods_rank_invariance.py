@@ -17,6 +17,8 @@ from conftest import REPO, max_state_diff
 from bench.config import RunConfig
 from lightning_modules.base import METHODS
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 METHOD_NAMES = METHODS.names()  # central rows: a federation of one client, which lives on rank 0
 # methods whose distinctive step would not happen in 2 rounds with their defaults
 METHOD_ARGS = {

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, run_in_process
 
 from bench.core.allocator import GLIBC_ENV, MMAP_THRESHOLD, OPT_OUT_ENV, TRIM_THRESHOLD, glibc
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 STATUS = "import json; from bench.core.allocator import apply_allocator_policy as a; print(json.dumps(a()))"
 

@@ -16,6 +16,8 @@ from conftest import REPO, kill_after, max_state_diff, run_in_process
 from bench.checkpoint import Checkpointer
 from bench.records import find_record
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 A = {"fed.rounds": 8, "checkpoint_every": 1, "experiment": "shared"}
 B = {"fed.rounds": 2, "method.lr": 0.02, "checkpoint_every": 1, "experiment": "shared"}
 

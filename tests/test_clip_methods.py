@@ -21,6 +21,8 @@ from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter
 from lightning_modules.components.clip_models import preprocess_uint8
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 EMBED = 64  # tiny-random CLIP's embed_dim
 
 

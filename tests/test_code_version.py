@@ -9,6 +9,8 @@ from conftest import REPO
 
 from bench.code_version import compute_code_version, source_files
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 
 

@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import REPO, digits_run_argv
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 ONE_RANK_FAILS = '''
 import sys
 from bench.core.errors import FedbenchError

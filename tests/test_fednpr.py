@@ -28,6 +28,8 @@ from lightning_modules.components.balanced_softmax import balanced_softmax_loss,
 from lightning_modules.components.npr import npr_loss, update_prototypes
 from lightning_modules.fednpr import PROTOTYPES_KEY
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 # ---- helpers ------------------------------------------------------------------------------------
 def npr_cfg(tiny_cfg, method: str, **overrides):

@@ -18,6 +18,8 @@ from bench.reporting.table_runner import plan_runs
 from datamodules.base import DATASETS
 from datamodules.client_split_file import read_client_split
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def write_client_split_file(path: Path, train: list[dict[str, int]], test: list[dict[str, int]]) -> None:
     """The notebooks' format: np.save of {"train"/"test": {client: {"image": ids, "label": labels}}}, both

@@ -17,6 +17,8 @@ from bench.core.errors import FedbenchError
 from bench.records import record_path
 from bench.validation import check_launcher
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def free_port() -> int:
     with socket.socket() as s:

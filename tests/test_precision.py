@@ -8,6 +8,8 @@ from conftest import kill_and_resume, load_final_state, max_state_diff, run_in_p
 
 from bench.core.batches import DeviceData
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 CHEAP_GEN = {"gen_start": 1, "gen_every": 1, "gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 4}
 
 

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, digits_run_argv
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 def fedcb_run(tmp_path, progress: str) -> subprocess.CompletedProcess:

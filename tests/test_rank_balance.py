@@ -9,6 +9,8 @@ from conftest import load_final_state, max_state_diff, run_in_process, run_subpr
 
 from bench.records import record_path
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 @pytest.mark.ddp
 def test_spread_clients_two_ranks_equal_one_rank(tiny_cfg):

@@ -2,6 +2,8 @@
 import pytest
 from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 @pytest.mark.ddp
 @pytest.mark.parametrize("method,args,backbone", [("fedavg", {}, "resnet18"), ("fedprox", {"mu": 0.01}, "simple-cnn")])

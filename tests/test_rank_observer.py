@@ -55,7 +55,7 @@ def test_interrupted_rank_leaves_rank0_its_grace_then_ends_it_as_interrupted(ran
 
 def test_the_observer_polls_often_enough_for_a_prompt_exit():
     observer = GraceForInterrupted(main_pid=os.getpid(), child_processes=[])
-    assert observer._sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # the Ctrl-C test allows 15 s in all
+    assert observer._sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # an interrupted run ends within ~7 s
 
 
 def test_a_failed_rank_kills_at_once(rank0):

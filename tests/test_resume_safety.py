@@ -13,6 +13,8 @@ from bench.checkpoint import Checkpointer
 from bench.cli import main
 from bench.core.errors import FedbenchError
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 BASE = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True}
 
 

@@ -10,6 +10,8 @@ from bench.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.speed_options import with_channels_last
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 OPTIONS = [("channels_last", True), ("precision", "bf16-mixed"), ("compile", True)]
 SMALL = {"fed.rounds": 2, "partition.num_clients": 4}
 

@@ -12,6 +12,8 @@ import torch
 import yaml
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def spec(cache: str, rows: list[dict]) -> dict:
     return {"table": "jobs", "dataset": "digits",

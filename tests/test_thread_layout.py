@@ -18,6 +18,8 @@ from bench.config import RunConfig, result_config
 from bench.records import same_result_config
 from bench.workers import rank_threads
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def cpu_cfg(**top) -> RunConfig:
     cfg = RunConfig()
