@@ -20,7 +20,7 @@ STATUS = "import json; from bench.core.allocator import apply_allocator_policy a
 def python(code_or_args: list[str], **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in GLIBC_ENV and k != OPT_OUT_ENV}
     proc = subprocess.run([sys.executable, *code_or_args], env={**clean, "PYTHONPATH": str(REPO), **env}, cwd=REPO,
-                          capture_output=True, text=True, check=True, timeout=600)
+                          capture_output=True, text=True, check=True, timeout=1800)
     return proc.stdout.strip().splitlines()[-1]
 
 

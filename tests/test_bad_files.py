@@ -111,7 +111,7 @@ def test_a_data_error_on_two_ranks_is_printed_once_before_any_rank_starts(tmp_pa
 
     argv = [*digits_run_argv(tmp_path), "--devices", "2", "--accelerator", "cpu", "--data.max_train_samples", "5"]
     env, marks = rank_marking_env(tmp_path)
-    done, _ = run_with_cpu([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, timeout=300, env=env)
+    done, _ = run_with_cpu([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, timeout=1800, env=env)
     assert done.returncode == 2
     assert done.stderr.count("fedbench: error:") == 1 and "data.max_train_samples 5 keeps" in done.stderr
     assert "gloo" not in done.stderr.lower() and "Traceback" not in done.stderr
@@ -127,7 +127,7 @@ def test_an_unknown_backbone_on_two_ranks_is_one_error_before_any_rank_or_data(t
 
     argv = [*digits_run_argv(tmp_path), "--devices", "2", "--accelerator", "cpu", "--method.backbone", "resnet999"]
     env, marks = rank_marking_env(tmp_path)
-    done, _ = run_with_cpu([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, timeout=300, env=env)
+    done, _ = run_with_cpu([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, timeout=1800, env=env)
     assert done.returncode == 2
     assert list(marks.iterdir()) == []  # no rank was started (was: a 30 s wall-clock limit)
     assert done.stderr.count("fedbench: error: Unknown backbone 'resnet999'") == 1

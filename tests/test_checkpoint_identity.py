@@ -100,7 +100,7 @@ def test_table_rows_that_differ_in_lr_keep_their_own_checkpoints_under_jobs(tmp_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "bench.cli", "table", "--config", str(config), "--output-dir",
                            str(tmp_path / "runs"), "--tables-dir", str(tmp_path / "tables"), "--jobs", "2"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     folders = sorted(p for p in ckpt.glob("*/*") if p.is_dir())
     assert len(folders) == 2

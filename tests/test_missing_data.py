@@ -86,7 +86,7 @@ def test_missing_kvasir_cli_exit_code(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop(DATA_HOME_ENV, None)
     proc, cpu = run_with_cpu([sys.executable, "-m", "bench.cli", "table", "--config", KVASIR], cwd=tmp_path,
-                             env=env, timeout=600)
+                             env=env, timeout=1800)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert instructions(tmp_path / "data") in proc.stderr and "Traceback" not in proc.stderr
     assert files_under(tmp_path) == []

@@ -33,7 +33,7 @@ def cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
         if key not in env:
             full.pop(key, None)
     return subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=REPO, env=full, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=1800, check=False)
 
 
 def test_a_busy_master_port_the_user_set_is_one_line_naming_it(tmp_path, busy_port):

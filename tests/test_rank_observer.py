@@ -79,7 +79,7 @@ def test_a_multi_rank_fabric_launches_the_graceful_observer(monkeypatch, tiny_cf
 
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          check=False, timeout=120, **kwargs)
+                          check=False, timeout=1800, **kwargs)
 
 
 def test_exit_interrupted_says_its_line_once_and_exits_with_the_status():
