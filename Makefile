@@ -95,7 +95,7 @@ TEST_JOBS ?= 2
 test: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
-# The fast inner loop: every test file not listed as end-to-end in tests/conftest.py (SLOW_FILES)
+# The fast inner loop: every test file not marked end-to-end (pytestmark = pytest.mark.slow in the file)
 test-fast: install
 	$(OFFLINE) $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile -m "not slow and not ddp and not regression" $(PYTEST_ARGS)
 

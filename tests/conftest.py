@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,8 +116,10 @@ def digits_run_argv(tmp_path: Path) -> list[str]:
             "--threads", "1", "--progress", "false"]
 
 
-def run_subprocess(cfg, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `fedbench run` in a fresh process (needed for --devices 2: Fabric relaunches the script)."""
+def run_subprocess(cfg, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run `fedbench run` in a fresh process (needed for --devices 2: Fabric relaunches the script). The
+    timeout is a safety net, not a speed check: a 2-rank digits run (~12 s quiet) outlived 300 s under a load
+    average of 15, which is why the suite's subprocess timeouts are 1800 s."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *cli_args(cfg)], check=False, cwd=REPO,
                           env=env,
@@ -124,6 +127,87 @@ def run_subprocess(cfg, timeout: int = 300) -> subprocess.CompletedProcess:
     if proc.returncode != 0:
         raise AssertionError(f"fedbench run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+RANK_HOOK = """import os
+if os.environ.get("LOCAL_RANK", "0") != "0" and os.environ.get("FEDBENCH_TEST_RANK_MARKS"):
+    open(os.path.join(os.environ["FEDBENCH_TEST_RANK_MARKS"], f"rank{os.environ['LOCAL_RANK']}-{os.getpid()}"), "w").close()
+"""
+
+
+def rank_marking_env(tmp_path: Path) -> tuple[dict, Path]:
+    """(env, marks): a child started with env leaves a file in marks for every process that starts with
+    LOCAL_RANK > 0 in its environment (a rank Fabric's launcher started; rank 0 gets LOCAL_RANK only after it
+    started), through a sitecustomize on PYTHONPATH. Proves "no second rank was started" without a clock."""
+    hook, marks = tmp_path / "rank_hook", tmp_path / "rank_marks"
+    hook.mkdir()
+    marks.mkdir()
+    (hook / "sitecustomize.py").write_text(RANK_HOOK)
+    return {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{REPO}", "FEDBENCH_TEST_RANK_MARKS": str(marks)}, marks
+
+
+def run_with_cpu(argv: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float]:
+    """subprocess.run(argv, **kwargs) and the CPU seconds (user + sys) it and its waited-for descendants used:
+    unlike wall time, it does not grow with the load other processes put on the machine."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, **kwargs)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def shared_tmp(tmp_path_factory) -> Path:
+    """A folder this whole `make test` shares: both pytest-xdist workers' (one session each) see the same."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class TwoRankRuns:
+    """Every case of tests/rank_pairs.py run on 2 ranks (one shared launch) and its 1-rank side on demand."""
+
+    def __init__(self, root: Path, records: dict[str, Path]):
+        self.root, self.records = root, records
+
+    def two(self, name: str) -> tuple[dict, dict]:
+        """(record, final state) of case ``name`` on 2 ranks."""
+        from bench.records import load_record
+
+        path = self.records[name]
+        return load_record(path), torch.load(path.with_suffix(".pt"))
+
+    def one_cfg(self, name: str, out: Path):
+        """Case ``name`` on 1 rank, its outputs under ``out`` (its data shared with the 2-rank run)."""
+        from rank_pairs import case_cfg
+
+        return case_cfg(name, self.root, devices=1, out=out)
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(tmp_path_factory) -> TwoRankRuns:
+    """The 2-rank side of every 1-vs-2-rank check, launched once per `make test` (the first worker to get
+    here launches under a file lock; the other waits, then reads the records)."""
+    import fcntl
+    import json
+
+    from rank_pairs import launch_two_ranks
+
+    root = shared_tmp(tmp_path_factory) / "rank_pairs"
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done, failed = root / "records.json", root / "failed.txt"
+        if failed.exists():  # the other worker's launch failed: its error, not a second launch
+            pytest.fail(failed.read_text(), pytrace=False)
+        if not done.exists():
+            try:
+                records = launch_two_ranks(root)
+            except BaseException as err:
+                failed.write_text(f"the shared 2-rank launch failed: {err}")
+                raise
+            done.write_text(json.dumps({k: str(v) for k, v in records.items()}))
+        records = {k: Path(v) for k, v in json.loads(done.read_text()).items()}
+    return TwoRankRuns(root, records)
 
 
 def max_state_diff(a: dict, b: dict) -> float:
@@ -167,59 +251,22 @@ def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1
     return resumed_rec, cfg
 
 
-# Test files of the end-to-end kind: each took >= 6 s (setup + calls) in a full `make test` with its
-# --durations=0 report (measured 2026-11-25, 2 cores, 843 tests). `make test-fast` leaves them out:
-# the rest (unit tests of the core, methods on tiny tensors, rendering) is the fast inner loop. A new
-# test file is fast until it is listed here.
-SLOW_FILES = {
-    "test_all_methods_rank_invariance.py",
-    "test_allocator.py",
-    "test_bad_files.py",
-    "test_baselines_a.py",
-    "test_baselines_b.py",
-    "test_bench.py",
-    "test_checkpoint_identity.py",
-    "test_clip_finetune.py",
-    "test_clip_methods.py",
-    "test_code_version.py",
-    "test_collective_timeout.py",
-    "test_coverage.py",
-    "test_data_home.py",
-    "test_errors_once.py",
-    "test_fedcb_fedbm.py",
-    "test_fednpr.py",
-    "test_femnist.py",
-    "test_full_disk.py",
-    "test_gpu_paths.py",
-    "test_ich_split_file.py",
-    "test_missing_data.py",
-    "test_multi_node.py",
-    "test_npr_compositions.py",
-    "test_precision.py",
-    "test_process_lifetime.py",
-    "test_quiet_progress.py",
-    "test_rank_balance.py",
-    "test_rank_invariance.py",
-    "test_rank_launch.py",
-    "test_readme_quickstart.py",
-    "test_record_identity.py",
-    "test_regression.py",
-    "test_resume_safety.py",
-    "test_setup_facets.py",
-    "test_smoke_tables.py",
-    "test_speed_options.py",
-    "test_table_jobs.py",
-    "test_table_output.py",
-    "test_table_shard.py",
-    "test_table_uncertainty.py",
-    "test_thread_layout.py",
-}
+# Test files of the end-to-end kind (each took >= 6 s, setup + calls, in a full `make test` with its
+# --durations=0 report) mark themselves: `pytestmark = pytest.mark.slow` at the top of the file.
+# `make test-fast` leaves them out: the rest (unit tests of the core, methods on tiny tensors, rendering)
+# is the fast inner loop. A new test file is fast until it marks itself.
+SLOW_FILE = re.compile(r"^pytestmark = .*\bpytest\.mark\.slow\b", re.MULTILINE)
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
+def pytest_ignore_collect(collection_path: Path, config):
+    """Under `-m "not slow ..."` (make test-fast) a file marked slow is not even imported: its tests would
+    all be deselected, and importing the end-to-end files (and what they import) is a good part of the
+    fast loop's time. None: pytest decides as usual."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if not re.search(r"\bnot slow\b", config.getoption("markexpr", "") or ""):
+        return None
+    return True if SLOW_FILE.search(collection_path.read_text()) else None
 
 
 DOC_PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))

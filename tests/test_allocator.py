@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, run_in_process
 
 from bench.core.allocator import GLIBC_ENV, MMAP_THRESHOLD, OPT_OUT_ENV, TRIM_THRESHOLD, glibc
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 STATUS = "import json; from bench.core.allocator import apply_allocator_policy as a; print(json.dumps(a()))"
 
@@ -17,7 +20,7 @@ STATUS = "import json; from bench.core.allocator import apply_allocator_policy a
 def python(code_or_args: list[str], **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in GLIBC_ENV and k != OPT_OUT_ENV}
     proc = subprocess.run([sys.executable, *code_or_args], env={**clean, "PYTHONPATH": str(REPO), **env}, cwd=REPO,
-                          capture_output=True, text=True, check=True, timeout=600)
+                          capture_output=True, text=True, check=True, timeout=1800)
     return proc.stdout.strip().splitlines()[-1]
 
 

@@ -26,6 +26,8 @@ from lightning_modules.fedrod import FedRoD
 from lightning_modules.moon import Moon
 from lightning_modules.scaffold import Scaffold
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
 
 

@@ -18,6 +18,8 @@ from bench.core.batches import DeviceData
 from lightning_modules.base import ClientContext
 from lightning_modules.components.state import FrozenModel
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 K = 4
 
 

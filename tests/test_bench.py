@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.core.allocator import glibc
 from bench.reporting.perf import main
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 def test_loops_case_runs_each_variant_under_its_own_allocator(tmp_path, capsys):

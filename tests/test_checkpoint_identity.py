@@ -16,6 +16,8 @@ from conftest import REPO, kill_after, max_state_diff, run_in_process
 from bench.checkpoint import Checkpointer
 from bench.records import find_record
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 A = {"fed.rounds": 8, "checkpoint_every": 1, "experiment": "shared"}
 B = {"fed.rounds": 2, "method.lr": 0.02, "checkpoint_every": 1, "experiment": "shared"}
 
@@ -98,7 +100,7 @@ def test_table_rows_that_differ_in_lr_keep_their_own_checkpoints_under_jobs(tmp_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "bench.cli", "table", "--config", str(config), "--output-dir",
                            str(tmp_path / "runs"), "--tables-dir", str(tmp_path / "tables"), "--jobs", "2"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     folders = sorted(p for p in ckpt.glob("*/*") if p.is_dir())
     assert len(folders) == 2

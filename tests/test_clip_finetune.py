@@ -19,6 +19,8 @@ from lightning_modules.clip_feature_base import shared_clip
 from lightning_modules.components.clip_losses import clip_contrastive_loss, focal_smoothed_loss
 from lightning_modules.components.clip_models import preprocess_uint8
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 FT_METHODS = ("clip-ft-fedavg", "clip-ft-fedprox", "clip-ft-moon", "clip-ft-fedfocal", "clip-ft-central")
 
 

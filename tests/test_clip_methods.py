@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import max_state_diff, run_in_process
 
 from bench.core.batches import DeviceData, EpochBatches
 from bench.core.seeding import torch_generator
@@ -20,6 +20,8 @@ from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter
 from lightning_modules.components.clip_models import preprocess_uint8
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 EMBED = 64  # tiny-random CLIP's embed_dim
 
@@ -271,14 +273,13 @@ def test_facmic_target_set_is_unlabeled_val_or_the_held_out_test_split(clip_cfg)
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("method,args", [("facmic", {"optimizer": "adam", "lr": 1e-3}), ("fst-cbdg", {})])
-def test_two_ranks_equal_one_rank(clip_cfg, method, args):
-    opt = {f"method.{k}": v for k, v in args.items()}
-    one = clip_cfg(method, experiment="one", **opt)
-    two = clip_cfg(method, experiment="two", devices=2, **opt)
+@pytest.mark.parametrize("method", ["facmic", "fst-cbdg"])
+def test_two_ranks_equal_one_rank(two_rank_runs, tmp_path, method):
+    """clip_cfg's runs (FACMIC with adam at 1e-3; FST-CBDG with its defaults): tests/rank_pairs.py, the
+    2-rank side from the shared launch."""
+    one = two_rank_runs.one_cfg(f"clip-{method}", tmp_path)
     record, state1 = run_in_process(one)
-    run_subprocess(two)
-    state2 = load_final_state(two)
+    _, state2 = two_rank_runs.two(f"clip-{method}")
     assert max_state_diff(state1, state2) <= 1e-6
     dm = build_datamodule(one)
     dm.setup()

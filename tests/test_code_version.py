@@ -22,6 +22,8 @@ from bench.code_version import (
     run_names,
 )
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 LEGACY_COMMIT = "3fda314"  # the last commit with the whole-tree (legacy) code version
 

@@ -24,6 +24,8 @@ from bench.reporting.protocols import RowProtocol, metric_at, protocol_differenc
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def cell(dataset, partition, method, metric, mean, setting=None):
     return {"dataset": dataset, "partition": partition, "method": method, "metric": metric, "mean": mean,

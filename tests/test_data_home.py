@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 from official_layouts import build_data_home, write_kvasir, write_medmnist
 
 from bench.cli import main
 from datamodules.base import DATASETS
 from datamodules.data_home import DATA_HOME_ENV, locate
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 KVASIR = REPO / "configs" / "tables" / "table2_kvasir.yaml"
 

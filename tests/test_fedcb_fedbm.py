@@ -19,6 +19,8 @@ from lightning_modules.components.lkcc import lkcc_logits
 from lightning_modules.fedbm import FedBM
 from lightning_modules.fedcb import FedCB
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 SMALL = {"method.backbone": "simple-cnn", "partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
 DIGIT_NAMES = [str(d) for d in range(10)]
 CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import max_state_diff, run_in_process
 from official_layouts import ICH_SUBTYPES as SUBTYPES
 from official_layouts import build_isic, build_rsna_csv
 from official_layouts import ich_grey as grey
@@ -20,13 +20,14 @@ from bench.core.batches import DeviceData
 from bench.core.errors import DatasetNotFoundError
 from bench.experiment import build_datamodule, build_module, client_splits, make_fabric, to_device
 from bench.federation import Federation
-from bench.records import load_record, record_path
 from datamodules.base import DATASETS
 from datamodules.partition import partition
 from lightning_modules.base import ClientContext
 from lightning_modules.components.balanced_softmax import balanced_softmax_loss, class_log_prior
 from lightning_modules.components.npr import npr_loss, update_prototypes
 from lightning_modules.fednpr import PROTOTYPES_KEY
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -251,17 +252,15 @@ def test_fednpr_per_resumes_with_its_prototypes_and_heads(tiny_cfg, monkeypatch)
 
 
 @pytest.mark.ddp
-def test_fednpr_same_global_model_with_one_and_two_ranks(tiny_cfg):
-    common = {"fed.sample_ratio": 0.5, "fed.rounds": 3, "method.args": {"num_subclusters": 2}}
-    one = npr_cfg(tiny_cfg, "fednpr", experiment="one", **common)
-    two = npr_cfg(tiny_cfg, "fednpr", experiment="two", devices=2, **common)
-    record, state1 = run_in_process(one)
-    run_subprocess(two)
-    diff = max_state_diff(state1, load_final_state(two))
+def test_fednpr_same_global_model_with_one_and_two_ranks(two_rank_runs, tmp_path):
+    """npr_cfg's FedNPR with half of the clients per round, 3 rounds, 2 subclusters (tests/rank_pairs.py;
+    the 2-rank side from the shared launch)."""
+    record, state1 = run_in_process(two_rank_runs.one_cfg("fednpr", tmp_path))
+    two_record, state2 = two_rank_runs.two("fednpr")
+    diff = max_state_diff(state1, state2)
     assert diff <= 1e-6, f"fednpr: 1 vs 2 ranks differ by {diff}"
     bacc = record["final"]["test/balanced_accuracy"]
     assert math.isfinite(bacc) and bacc > 30.0 and record["final"]["clients_evaluated"] >= 2
-    two_record = load_record(record_path(two.output_dir, two.experiment, two.run_name()))
     assert abs(two_record["final"]["test/balanced_accuracy"] - bacc) < 1e-6  # per-client scores reduced alike
 
 

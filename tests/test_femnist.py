@@ -15,6 +15,8 @@ from datamodules.base import DATASETS
 from datamodules.femnist import CLASS_NAMES, draw_writers
 from datamodules.partition import partition
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def make(root, tmp_path, seed=0, **kw):
     return DATASETS.get("femnist")(root=str(root), cache_dir=str(tmp_path / "cache"), run_seed=seed, **kw)

@@ -23,6 +23,8 @@ from bench.core import atomic_io
 from bench.core.errors import FedbenchError, FedbenchWarning
 from bench.records import find_record
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 REAL_SAVE = torch.save
 
 

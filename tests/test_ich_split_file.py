@@ -18,6 +18,8 @@ from bench.reporting.table_runner import plan_runs
 from datamodules.base import DATASETS
 from datamodules.client_split_file import read_client_split
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def write_client_split_file(path: Path, train: list[dict[str, int]], test: list[dict[str, int]]) -> None:
     """The notebooks' format: np.save of {"train"/"test": {client: {"image": ids, "label": labels}}}, both
@@ -194,28 +196,15 @@ def test_the_published_split_column_needs_the_file(tmp_path):
 
 
 @pytest.mark.ddp
-def test_client_split_file_clients_same_with_one_and_two_ranks(tmp_path, tiny_cfg):
+def test_client_split_file_clients_same_with_one_and_two_ranks(tmp_path, two_rank_runs):
     """Each client's test list lives in the test split, which every rank holds: clients scored on rank 1
-    give the same numbers as on rank 0."""
-    from conftest import load_final_state, max_state_diff, run_subprocess
+    give the same numbers as on rank 0 (natural partition of 3 sites from a split file, per-client protocol,
+    2 rounds: tests/rank_pairs.py, the 2-rank side from the shared launch)."""
+    from conftest import max_state_diff, run_in_process
 
-    from bench.records import load_record, record_path
-
-    root = tmp_path / "ich"
-    keep = build_rsna_csv(root)
-    train, test = client_lists(keep)
-    write_client_split_file(tmp_path / "split.npy", train, test)
-    common = {"data.name": "rsna-ich", "data.root": str(root), "data.image_size": 16,
-              "data.client_split_file": str(tmp_path / "split.npy"), "data.val_fraction": 0.0,
-              "partition.scheme": "natural", "partition.num_clients": 3, "fed.client_test": "site",
-              "method.name": "fedavg", "fed.protocol": "per_client", "fed.rounds": 2, "fed.sample_ratio": 1.0,
-              "fed.batch_size": 8}
-    one = tiny_cfg(**common, experiment="one")
-    two = tiny_cfg(**common, experiment="two", devices=2)
-    record, state1 = run_in_process(one)
-    run_subprocess(two)
-    assert max_state_diff(state1, load_final_state(two)) <= 1e-6
-    two_record = load_record(record_path(two.output_dir, two.experiment, two.run_name()))
+    record, state1 = run_in_process(two_rank_runs.one_cfg("ich_split_file", tmp_path))
+    two_record, state2 = two_rank_runs.two("ich_split_file")
+    assert max_state_diff(state1, state2) <= 1e-6
     for a, b in zip(record["history"], two_record["history"], strict=True):
         assert a["metrics"]["clients_evaluated"] == 3
         for k, v in a["metrics"].items():

@@ -4,15 +4,16 @@ path is a clear error."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_with_cpu
 
 from bench.cli import main
 from datamodules.data_home import DATA_HOME_ENV
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 KVASIR = str(REPO / "configs" / "tables" / "table2_kvasir.yaml")  # no data.root: found under the data home
 HOW_TO_SET = "set FEDBENCH_DATA=/path/to/folder or pass --data-home /path/to/folder (default ./data)"
@@ -39,15 +40,17 @@ def test_missing_kvasir_fails_before_any_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.experiment, "run_experiment", no_run)
     monkeypatch.chdir(tmp_path)  # ./data, results/runs and results/tables resolve under tmp_path
     monkeypatch.delenv(DATA_HOME_ENV, raising=False)
-    started = time.perf_counter()
+    import bench.reporting.table_runner  # imports paid before the clock
+
+    started = time.process_time()  # CPU time: wall time grows with the other processes' load
     code = main(["table", "--config", KVASIR])
-    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - started
     err = capsys.readouterr().err
     assert code == 2, err
     assert instructions(tmp_path / "data") in err and "https://datasets.simula.no/kvasir/" in err
     assert HOW_TO_SET in err
     assert "Traceback" not in err
-    assert elapsed < 5.0
+    assert cpu < 8.0, cpu  # measured 1.2-1.5 s CPU (10 s wall at a load average of 8); no data decoded, no run
     assert files_under(tmp_path) == []
 
 
@@ -82,14 +85,14 @@ def test_missing_kvasir_cli_exit_code(tmp_path):
     """The real command: exit code 2, the instructions on stderr, nothing written."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop(DATA_HOME_ENV, None)
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "table", "--config", KVASIR], check=False,
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - started
+    proc, cpu = run_with_cpu([sys.executable, "-m", "bench.cli", "table", "--config", KVASIR], cwd=tmp_path,
+                             env=env, timeout=1800)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert instructions(tmp_path / "data") in proc.stderr and "Traceback" not in proc.stderr
     assert files_under(tmp_path) == []
-    assert elapsed < 30.0  # mostly importing torch/lightning; the check itself is instant (test above)
+    # CPU, not wall time (110 s wall for 17 s CPU under a load average of 8): measured 15.9-17.4 s, mostly
+    # importing torch/lightning; the check itself is instant (test above), a run would take minutes
+    assert cpu < 60.0, cpu
 
 
 def test_unknown_table_config_is_a_clear_error(monkeypatch, capsys):

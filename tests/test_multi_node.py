@@ -17,6 +17,8 @@ from bench.core.errors import FedbenchError
 from bench.records import record_path
 from bench.validation import check_launcher
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -45,7 +47,7 @@ def test_two_torchrun_nodes_equal_one_process(tiny_cfg):
     port = free_port()
     nodes = [torchrun_node(k, port, cli_args(two)) for k in (0, 1)]
     try:
-        outputs = [n.communicate(timeout=600)[0] for n in nodes]
+        outputs = [n.communicate(timeout=1800)[0] for n in nodes]
     finally:
         for n in nodes:
             n.kill() if n.poll() is None else None

@@ -15,6 +15,8 @@ from lightning_modules.components.balanced_softmax import balanced_softmax_loss,
 from lightning_modules.components.npr import npr_loss, update_prototypes
 from lightning_modules.fednpr import PROTOTYPES_KEY
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 HOSTS = {"fedbabu-npr": "fedbabu", "fedrep-npr": "fedrep", "fedrod-npr": "fedrod"}
 FAST = {"fedbabu": {"finetune_epochs": 1}, "fedrep": {"head_epochs": 1}, "fedrod": {}}
 

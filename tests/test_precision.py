@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import kill_and_resume, load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import kill_and_resume, max_state_diff, run_in_process
 
 from bench.core.batches import DeviceData
 
-CHEAP_GEN = {"gen_start": 1, "gen_every": 1, "gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 4}
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 def test_batches_come_out_in_the_normalisation_dtype_from_the_same_draws():
@@ -29,16 +29,13 @@ def test_batches_come_out_in_the_normalisation_dtype_from_the_same_draws():
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("method,args", [("fedbm", CHEAP_GEN), ("fednpr", {"num_subclusters": 2})])
-def test_float64_run_is_float64_and_rank_invariant(tiny_cfg, method, args):
-    """FedBM (generator, concept distributions) and FedNPR (prototypes, Sinkhorn) keep every floating
-    tensor in float64, and 2 ranks match 1 rank (measured: 2.2e-16 for FedBM)."""
-    common = {"method.name": method, "method.args": args, "partition.num_clients": 4, "fed.rounds": 2,
-              "precision": "64-true"}
-    record, state1 = run_in_process(tiny_cfg(**common, experiment="one"))
-    two = tiny_cfg(**common, experiment="two", devices=2)
-    run_subprocess(two)
-    state2 = load_final_state(two)
+@pytest.mark.parametrize("method", ["fedbm", "fednpr"])
+def test_float64_run_is_float64_and_rank_invariant(two_rank_runs, tmp_path, method):
+    """FedBM (generator, concept distributions; cheap generator settings) and FedNPR (prototypes, Sinkhorn;
+    2 subclusters) keep every floating tensor in float64, and 2 ranks match 1 rank (measured: 2.2e-16 for
+    FedBM). 4 clients, 2 rounds, 64-true (tests/rank_pairs.py; the 2-rank side from the shared launch)."""
+    record, state1 = run_in_process(two_rank_runs.one_cfg(f"float64-{method}", tmp_path))
+    _, state2 = two_rank_runs.two(f"float64-{method}")
     assert {v.dtype for v in state1.values() if v.is_floating_point()} == {torch.float64}
     diff = max_state_diff(state1, state2)
     assert diff <= 1e-12, f"{method} 64-true: 1 vs 2 ranks differ by {diff}"

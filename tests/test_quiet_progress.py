@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, digits_run_argv
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 def fedcb_run(tmp_path, progress: str) -> subprocess.CompletedProcess:
@@ -16,7 +19,7 @@ def fedcb_run(tmp_path, progress: str) -> subprocess.CompletedProcess:
              "--method.args", f'{{"text_cache_dir": "{tmp_path / "text"}"}}']
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"} | {"PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=1800, check=False)
 
 
 def test_progress_false_prints_no_bar_at_all(tmp_path):

@@ -2,22 +2,18 @@
 idle time at the all-reduce recorded; the result stays that of one rank (issue 19)."""
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import max_state_diff, run_in_process
 
-from bench.records import record_path
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 
 @pytest.mark.ddp
-def test_spread_clients_two_ranks_equal_one_rank(tiny_cfg):
-    common = {"partition.beta": 0.1, "fed.rounds": 3}  # 6 clients of very different sizes, 3 sampled per round
-    one, two = tiny_cfg(**common, experiment="one"), tiny_cfg(**common, experiment="two", devices=2)
-    rec1, state1 = run_in_process(one)
-    run_subprocess(two)
-    rec2 = json.loads(record_path(two.output_dir, two.experiment, two.run_name()).read_text())
-    assert max_state_diff(state1, load_final_state(two)) <= 1e-6
+def test_spread_clients_two_ranks_equal_one_rank(two_rank_runs, tmp_path):
+    # 6 clients of very different sizes (beta 0.1), 3 sampled per round, 3 rounds (tests/rank_pairs.py)
+    rec1, state1 = run_in_process(two_rank_runs.one_cfg("rank_balance", tmp_path))
+    rec2, state2 = two_rank_runs.two("rank_balance")
+    assert max_state_diff(state1, state2) <= 1e-6
     sizes = [sum(row) for row in rec2["partition"]["counts"]]
     moved = 0
     for h1, h2 in zip(rec1["history"], rec2["history"], strict=True):

@@ -15,6 +15,8 @@ from conftest import REPO, digits_run_argv
 
 from bench.ports import LAUNCHER_PID_ENV, PICKED_ENV, port_error, port_in_use, prepare_master_port
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 @pytest.fixture
 def busy_port():
@@ -31,7 +33,7 @@ def cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
         if key not in env:
             full.pop(key, None)
     return subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=REPO, env=full, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=1800, check=False)
 
 
 def test_a_busy_master_port_the_user_set_is_one_line_naming_it(tmp_path, busy_port):

@@ -61,7 +61,7 @@ def test_interrupted_rank_leaves_rank0_its_grace_then_ends_it_as_interrupted(ran
 
 def test_the_observer_polls_often_enough_for_a_prompt_exit():
     observer = watcher(os.getpid(), [])
-    assert observer.sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # the Ctrl-C test allows 15 s in all
+    assert observer.sleep_period + rank_observer.INTERRUPT_GRACE_S <= 7  # an interrupted run ends within ~7 s
 
 
 def test_a_failed_rank_kills_at_once(rank0):
@@ -86,7 +86,7 @@ def test_a_multi_rank_fabric_launches_the_graceful_observer(monkeypatch, tiny_cf
 
 def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          check=False, timeout=120, **kwargs)
+                          check=False, timeout=1800, **kwargs)
 
 
 def test_exit_interrupted_says_its_line_once_and_exits_with_the_status():

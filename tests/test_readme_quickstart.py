@@ -10,8 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO
 from test_readme_commands import make_rule, readme_commands, words
+
+pytestmark = pytest.mark.slow
 
 QUICK = "configs/experiments/quick.yaml"
 RECORD = "results/runs/quick/fedavg_digits_dir0.5_c4_s0.json"  # as the README names it

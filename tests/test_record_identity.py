@@ -13,6 +13,8 @@ from bench.cli import main
 from bench.config import RunConfig
 from bench.records import find_record, load_record, run_record_path, write_run_record
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 CHEAP_GEN = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5}
 
 

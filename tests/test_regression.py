@@ -17,7 +17,7 @@ from bench.reporting.regression import (
 from lightning_modules.base import FederatedModule
 from lightning_modules.fedavg import FedAvg
 
-pytestmark = pytest.mark.regression
+pytestmark = [pytest.mark.regression, pytest.mark.slow]
 
 SPEC = load_config(str(REPO / "configs" / "regression.yaml"))
 REFERENCES = str(REPO / "results" / "reference")

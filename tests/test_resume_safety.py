@@ -13,6 +13,8 @@ from bench.checkpoint import Checkpointer
 from bench.cli import main
 from bench.core.errors import FedbenchError
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 BASE = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True}
 
 
@@ -167,22 +169,26 @@ def test_wall_seconds_covers_every_session(tiny_cfg, monkeypatch):
 
 
 @pytest.mark.ddp
-def test_two_rank_checkpoint_resumes_on_one_rank(tiny_cfg):
+def test_two_rank_checkpoint_resumes_on_one_rank(two_rank_runs, tmp_path):
     """The manifest names one client file per rank; a 2-rank checkpoint resumed on 1 rank ends where
-    the 2-rank run ended (the rank-invariance bound)."""
-    from conftest import load_final_state, run_subprocess
-
-    two = tiny_cfg(**{**BASE, "fed.rounds": 3}, experiment="ranks", devices=2)
-    run_subprocess(two)
-    two_state = load_final_state(two)
-    folder = Checkpointer(two, None).dir
-    assert sorted(p.name for p in (folder / "round_00002").iterdir()) == [
-        "clients_rank0.pt", "clients_rank1.pt", "global.pt"]
-    manifest = torch.load(folder / "round_00002" / "global.pt", weights_only=True)["manifest"]
-    assert manifest == {"world_size": 2}
+    the 2-rank run ended (the rank-invariance bound). BASE with 3 rounds, from the shared 2-rank launch
+    (tests/rank_pairs.py), resumed from a copy of its checkpoints."""
     import shutil
 
+    from rank_pairs import case_cfg
+
+    two = case_cfg("resume_two_ranks", two_rank_runs.root, devices=2)
+    _, two_state = two_rank_runs.two("resume_two_ranks")
+    shared = Checkpointer(two, None).dir
+    assert sorted(p.name for p in (shared / "round_00002").iterdir()) == [
+        "clients_rank0.pt", "clients_rank1.pt", "global.pt"]
+    manifest = torch.load(shared / "round_00002" / "global.pt", weights_only=True)["manifest"]
+    assert manifest == {"world_size": 2}
+    one = case_cfg("resume_two_ranks", two_rank_runs.root, devices=2, out=tmp_path)  # the same experiment
+    one.devices, one.resume = 1, True
+    folder = Checkpointer(one, None).dir
+    shutil.copytree(shared, folder)
     shutil.rmtree(folder / "round_00002")  # as if killed after round 1
-    record, state = run_in_process(tiny_cfg(**{**BASE, "fed.rounds": 3}, experiment="ranks", resume=True))
+    record, state = run_in_process(one)
     assert record["resumed"]["from_round"] == 1 and record["world_size"] == 1
     assert max_state_diff(two_state, state) <= 1e-6

@@ -20,6 +20,8 @@ from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 # FedBM Table II (Kvasir-v2): 10 clients, 200 rounds x 2 local epochs, half of the clients per round
 KVASIR = {"clients": 10, "rounds": 200, "local_epochs": 2, "sample_ratio": 0.5, "partition": "dirichlet-0.1"}
 ROWS = [

@@ -16,6 +16,8 @@ from bench.validation import known_class_count
 from datamodules.data_home import DATA_HOME_ENV
 from lightning_modules.base import METHODS
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 CONFIGS = sorted((REPO / "configs" / "tables").glob("*.yaml"))
 
 

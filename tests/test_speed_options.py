@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_final_state, max_state_diff, run_in_process, run_subprocess
+from conftest import max_state_diff, run_in_process
 
 from bench.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.speed_options import with_channels_last
+
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 OPTIONS = [("channels_last", True), ("precision", "bf16-mixed"), ("compile", True)]
 SMALL = {"fed.rounds": 2, "partition.num_clients": 4}
@@ -35,10 +37,9 @@ def test_channels_last_batches_hold_the_same_values():
 
 @pytest.mark.ddp
 @pytest.mark.parametrize("option,value", OPTIONS)
-def test_speed_option_applied_and_rank_invariant(tiny_cfg, captured, option, value):
-    one = tiny_cfg(**SMALL, **{option: value}, experiment="one")
-    two = tiny_cfg(**SMALL, **{option: value}, experiment="two", devices=2)
-    record, state1 = run_in_process(one)
+def test_speed_option_applied_and_rank_invariant(tiny_cfg, captured, two_rank_runs, tmp_path, option, value):
+    """SMALL with the option (tests/rank_pairs.py; the 2-rank side from the shared launch)."""
+    record, state1 = run_in_process(two_rank_runs.one_cfg(f"speed-{option}", tmp_path))
     assert record["config"][option] == value
     module = captured["fed"].module
     if option == "channels_last":  # (with one input channel NCHW and NHWC coincide: the second conv)
@@ -50,6 +51,5 @@ def test_speed_option_applied_and_rank_invariant(tiny_cfg, captured, option, val
     if option == "precision":  # autocast really ran in bf16: the model differs from the fp32 one
         _, fp32 = run_in_process(tiny_cfg(**SMALL, experiment="fp32"))
         assert max_state_diff(state1, fp32) > 1e-4
-    run_subprocess(two, timeout=900)
-    diff = max_state_diff(state1, load_final_state(two))
+    diff = max_state_diff(state1, two_rank_runs.two(f"speed-{option}")[1])
     assert diff <= 1e-6, f"{option}={value}: 1 vs 2 ranks differ by {diff}"

@@ -12,6 +12,8 @@ import torch
 import yaml
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def spec(cache: str, rows: list[dict]) -> dict:
     return {"table": "jobs", "dataset": "digits",
@@ -26,7 +28,7 @@ def table(config, out, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "bench.cli", "table", "--config", str(config), "--output-dir",
                            str(out / "runs"), "--tables-dir", str(out / "tables"), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
 
 
 @pytest.mark.ddp

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def table_run(tmp_path_factory) -> tuple[str, Path]:

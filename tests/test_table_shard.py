@@ -11,6 +11,8 @@ import yaml
 from bench.cli import main
 from bench.reporting.table_runner import distinct_runs, plan_runs, shard_runs
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def spec(tmp_path: Path) -> dict:
     return {"table": "shard", "dataset": "digits", "betas": [0.5], "seeds": [0, 1], "metrics": ["accuracy"],

@@ -22,6 +22,8 @@ from bench.reporting.table_runner import load_table_config, plan_runs
 from bench.reporting.tables import render_table
 from bench.reporting.uncertainty import best_with_ties, binomial_se, paired_difference
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 N_TEST = 500
 # test accuracy per (row, beta) for seeds 0, 1, 2; every other row: 30 + seed, Central 80 + seed
 ACC = {

@@ -18,6 +18,8 @@ from bench.config import RunConfig, result_config
 from bench.records import same_result_config
 from bench.workers import rank_threads
 
+pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
+
 
 def cpu_cfg(**top) -> RunConfig:
     cfg = RunConfig()
@@ -62,7 +64,7 @@ def run_default_threads(cfg) -> dict:
     both cores in a one-rank process); the record."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *cli_args(cfg)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from bench.records import find_record
 
