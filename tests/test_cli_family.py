@@ -30,7 +30,7 @@ from lightning_modules.base import METHODS
 TABLE = str(REPO / "configs" / "tables" / "table2_fashion-mnist.yaml")
 QUICK = str(REPO / "configs" / "experiments" / "quick.yaml")
 # what each command needs to parse (its required flags)
-REQUIRED = {"table": ["--config", TABLE], "dashboard": ["--config", TABLE]}
+REQUIRED = {"table": ["--config", TABLE], "dashboard": ["--config", TABLE], "data": ["get", "fashion-mnist"]}
 
 
 def parser_of(command: str):
@@ -48,11 +48,12 @@ def exit_code(argv: list[str]) -> int:
 def test_every_command_prints_its_options_with_print_config(command, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # nothing the command would write lands in the repository
     rows = ["--rows", "[FedAvg]"] if command == "table" else []  # a table's plan: its checks of 6 runs, not 129
-    assert exit_code([command, "--print_config", *REQUIRED.get(command, []), *rows]) == 0
+    assert exit_code([command, *REQUIRED.get(command, []), "--print_config", *rows]) == 0
     out = capsys.readouterr().out
     options = yaml.safe_load(out.split("\ntable2 fashion-mnist: ")[0])  # the table's plan follows its options
     flags = {a.dest for a in parser_of(command)._actions if a.option_strings and a.dest not in ("help", "print_config")}
-    assert set(options) == flags, command
+    words = {a.dest for a in parser_of(command)._actions if not a.option_strings}  # `data get NAME`'s positionals
+    assert set(options) - words == flags, command
     if command == "table":
         assert options["config"] == TABLE and options["rows"] == ["FedAvg"]
         assert "\ntable2 fashion-mnist: 6 runs, 0 up to date, 6 to run\n" in out
@@ -210,11 +211,16 @@ def tiny_table(tmp_path: Path) -> list[str]:
     check_plan(runs, TINY, args)  # the devices and threads a table run gives them (they are in a record's name)
     from bench.records import run_record_path
 
-    for run, seconds, version in ((runs[0], 60.0, code_version()), (runs[2], 200.0, "older-code")):
+    for run, seconds, version in ((runs[0], 60.0, code_version(runs[0].cfg)), (runs[2], 200.0, "older-code")):
         assert (run.label, run.seed) in (("FedAvg", 0), ("FedProx", 0))
         write_json(run_record_path(run.cfg), {"run_name": run.cfg.run_name(), "config": run.cfg.to_dict(),
                                               "code_version": version, "wall_seconds": seconds})
     return ["table", *argv]
+
+
+def fedprox_version(tmp_path: Path) -> str:
+    """The code version of tiny_table's FedProx runs in this checkout (each method has its own)."""
+    return code_version(next(r.cfg for r in plan_runs(TINY, str(tmp_path / "runs")) if r.label == "FedProx"))
 
 
 def refuse_to_run(monkeypatch) -> None:
@@ -244,7 +250,7 @@ def test_table_dry_run_prints_the_plan_and_runs_and_writes_nothing(flag, tmp_pat
         "tiny digits: 4 runs, 1 up to date, 3 to run",
         "FedAvg dirichlet-0.5 seed 0 up to date",
         "FedAvg dirichlet-0.5 seed 1 run: no record",
-        f"FedProx dirichlet-0.5 seed 0 run: code changed (older-code -> {code_version()})",
+        f"FedProx dirichlet-0.5 seed 0 run: code changed (older-code -> {fedprox_version(tmp_path)})",
         "FedProx dirichlet-0.5 seed 1 run: no record",
         # FedAvg seed 1: its row's 60 s; FedProx seed 0: its own earlier 200 s; FedProx seed 1: its row's 200 s
         ("estimated time: 7 min 40 s for 3 of the 3 runs one after another (from the wall time of 2 records of "
