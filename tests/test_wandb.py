@@ -346,7 +346,7 @@ def test_dashboard_follows_a_reduced_table_run(wandb_table, tmp_path, monkeypatc
                  str(tmp_path / "t"), "--wandb", "--wandb-dir", str(tmp_path / "wandb"), *selection]) == 0
     (run,) = [r for r in all_runs(tmp_path / "wandb") if r["job_type"] == "train"]
     assert run["group"].startswith("wbtest_digits__set-") and run["config"]["fed"]["rounds"] == 1
-    (reduced,) = (tmp_path / "t").glob("*.md")
+    (reduced,) = (tmp_path / "t" / "reduced").glob("*.md")  # a reduced table goes to reduced/
     assert main(["dashboard", "--config", str(config), "--out", str(tmp_path / "specs"), "--entity", "me",
                  *selection]) == 0
     workspace = json.loads((tmp_path / "specs" / f"{reduced.stem}_workspace.json").read_text())
