@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,15 @@ def results_panel():
     return wr.WeavePanelSummaryTable(table_name=RESULTS_KEY)
 
 
+def workspace_title(name: str) -> str:
+    """The workspace's title: ``fedbench <table name>``, where W&B refuses symbols (a reduced table's ``=`` and
+    ``+``: unicode categories S*): ``=`` reads as ``:``, any other symbol as ``-``."""
+    def plain(char: str) -> str:
+        return char if not unicodedata.category(char).startswith("S") else ":" if char == "=" else "-"
+
+    return "fedbench " + "".join(plain(c) for c in name)
+
+
 def workspace(view: TableView, entity: str):
     """The workspace: a section per metric, training, communication and time; its runs table holds the
     table's train runs (train_filters; the results table is the report's, from the table run) grouped by
@@ -133,7 +143,7 @@ def workspace(view: TableView, entity: str):
     runset = ws.RunsetSettings(filters=train_filters(view), groupby=[expr.Config(k) for k in GROUP_KEYS],
                                pinned_columns=["config:row.value", "config:partition_key.value", "config:seed.value",
                                                *(f"summary:{m}" for m in view.metrics)])
-    return ws.Workspace(entity=entity, project=view.project, name=f"fedbench {view.name}", sections=sections,
+    return ws.Workspace(entity=entity, project=view.project, name=workspace_title(view.name), sections=sections,
                         settings=ws.WorkspaceSettings(x_axis="round", max_runs=max(view.run_count, 1)),
                         runset_settings=runset)
 
