@@ -133,12 +133,15 @@ class RunConfig:
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
     precision: Literal["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"] = "32-true"
     threads: int | None = field(default=None, metadata=EXECUTION)  # torch threads per rank (None: Lightning's)
-    # CUDA float32: "strict" IEEE fp32 + deterministic cuDNN, or "fast" TF32 + cuDNN autotuning
-    # (bench/core/numerics.py; no effect on CPU numbers)
-    gpu_math: Literal["strict", "fast"] = "strict"
-    # speed options (bench/speed_options.py): NHWC weights and image batches; torch.compile of the backbone
-    channels_last: bool = field(default=False, metadata=EXECUTION)
-    compile: bool = field(default=False, metadata=EXECUTION)
+    # CUDA float32: "strict" IEEE fp32 + deterministic cuDNN, "tf32" TF32 tensor cores + deterministic cuDNN,
+    # or "fast" TF32 + cuDNN autotuning (bench/core/numerics.py; no effect on CPU numbers)
+    gpu_math: Literal["strict", "tf32", "fast"] = "strict"
+    # speed options (bench/speed_options.py): NHWC weights and image batches; torch.compile of the backbone.
+    # Result options (not EXECUTION): both change the last bits (cuDNN/oneDNN pick other kernels for NHWC;
+    # compile fuses kernels), so a run with either is its own result; at their defaults (off) they change
+    # no identity, so records made before they counted keep theirs
+    channels_last: bool = False
+    compile: bool = False
     output_dir: str = field(default="results/runs", metadata=EXECUTION)
     checkpoint_dir: str = field(default="results/checkpoints", metadata=EXECUTION)
     checkpoint_every: int = field(default=0, metadata=EXECUTION)  # rounds; 0 = never

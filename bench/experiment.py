@@ -362,7 +362,8 @@ def execution_record(fabric: Fabric, precision: str) -> dict[str, Any]:
     (bench/core/numerics.py), with whether float16 losses were scaled."""
     return {"ranks": fabric.world_size, "threads_per_rank": torch.get_num_threads(),
             "allocator": allocator_status(), "device": str(fabric.device), "precision": precision,
-            "loss_scaling": needs_loss_scaling(precision, fabric.device), "math": gpu_math_settings()}
+            "loss_scaling": needs_loss_scaling(precision, fabric.device), "math": gpu_math_settings(),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
 
 
 USAGE_FIELDS = ("user_seconds", "system_seconds", "minor_faults", "major_faults")
@@ -434,7 +435,8 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
         quiet_library_progress()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    apply_gpu_math(cfg.gpu_math)
+    device_type = fabric.device.type if fabric is not None else ("cuda" if visible_gpus(cfg.accelerator) else "cpu")
+    apply_gpu_math(cfg.gpu_math, device_type)
     return cfg, layout
 
 

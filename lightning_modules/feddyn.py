@@ -22,6 +22,7 @@ import torch
 
 from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
+from lightning_modules.components.gradients import add_to_gradients
 from lightning_modules.components.state import trainable_shared_parameters
 
 
@@ -51,14 +52,16 @@ class FedDyn(FederatedModule):
             ctx.state["grad_memory"] = {n: torch.zeros_like(p) for n, p in params}
         memory = ctx.state["grad_memory"]
         terms = [(p, ctx.global_state[n], memory[n]) for n, p in params]
+        live = [p for p, _, _ in terms]
+        anchors, g_ks = [a for _, a, _ in terms], [g for _, _, g in terms]
 
         def correct() -> None:
-            for p, anchor, g_k in terms:
-                correction = self.alpha * (p.detach() - anchor) - g_k
-                if p.grad is None:
-                    p.grad = correction
-                else:
-                    p.grad.add_(correction)
+            # alpha (theta - theta^{t-1}) - g_k, added to the gradients: a few foreach ops, not a Python loop
+            # per parameter (the same arithmetic in the same order, so the same bits)
+            with torch.no_grad():
+                correction = torch._foreach_mul(torch._foreach_sub(live, anchors), self.alpha)
+                torch._foreach_sub_(correction, g_ks)
+            add_to_gradients(live, correction, copy_missing=False)
 
         return correct, terms
 
@@ -70,8 +73,10 @@ class FedDyn(FederatedModule):
 
     def update_grad_memory(self, terms) -> None:
         """After local training: g_k <- g_k - alpha (theta_k^t - theta^{t-1}), in place."""
-        for p, anchor, g_k in terms:
-            g_k.sub_(self.alpha * (p.detach() - anchor))
+        with torch.no_grad():
+            step = torch._foreach_mul(torch._foreach_sub([p for p, _, _ in terms], [a for _, a, _ in terms]),
+                                      self.alpha)
+            torch._foreach_sub_([g for _, _, g in terms], step)
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,

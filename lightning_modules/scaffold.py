@@ -32,6 +32,7 @@ from lightning_modules.base import (
     ServerContext,
     require_server,
 )
+from lightning_modules.components.gradients import add_to_gradients
 from lightning_modules.components.state import trainable_shared_parameters
 
 
@@ -71,14 +72,11 @@ class Scaffold(FederatedModule):
         if "c_local" not in ctx.state:
             ctx.state["c_local"] = {n: torch.zeros_like(p) for n, p in params}
         c_local = ctx.state["c_local"]
-        corrections = [(p, self.server_c(n, p) - c_local[n]) for n, p in params]
+        live = [p for _, p in params]
+        corrections = [self.server_c(n, p) - c_local[n] for n, p in params]
 
         def correct() -> None:
-            for p, correction in corrections:
-                if p.grad is None:
-                    p.grad = correction.clone()
-                else:
-                    p.grad.add_(correction)
+            add_to_gradients(live, corrections, copy_missing=True)  # one foreach add, not one per parameter
 
         return correct
 

@@ -39,9 +39,14 @@ def images_digest(images_uint8: torch.Tensor) -> str:
 
 
 def _key(clip: FrozenClip, clip_key: str, kind: str, content_digest: str) -> str:
-    # the CUDA float32 flags (TF32 or not) change GPU-computed features: part of the key
+    # the CUDA float32 flags (TF32 or not) change GPU-computed features: part of the key; so does the device
+    # type (a GPU's kernels give other last bits than the CPU's). CPU features keep the key they had before
+    # the device type counted (their caches stay valid); any other device adds its type
     meta = [CACHE_FORMAT, kind, clip_key, clip.image_size, list(clip.mean), list(clip.std), content_digest,
             gpu_math_settings()["gpu_math"]]
+    device_type = torch.device(clip.device).type
+    if device_type != "cpu":
+        meta.append(device_type)
     return hashlib.sha256(json.dumps(meta).encode()).hexdigest()
 
 
