@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from bench.core.compat import foreach
 from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
 from lightning_modules.components.gradients import add_to_gradients
@@ -59,8 +60,8 @@ class FedDyn(FederatedModule):
             # alpha (theta - theta^{t-1}) - g_k, added to the gradients: a few foreach ops, not a Python loop
             # per parameter (the same arithmetic in the same order, so the same bits)
             with torch.no_grad():
-                correction = torch._foreach_mul(torch._foreach_sub(live, anchors), self.alpha)
-                torch._foreach_sub_(correction, g_ks)
+                correction = foreach("mul")(foreach("sub")(live, anchors), self.alpha)
+                foreach("sub_")(correction, g_ks)
             add_to_gradients(live, correction, copy_missing=False)
 
         return correct, terms
@@ -74,9 +75,9 @@ class FedDyn(FederatedModule):
     def update_grad_memory(self, terms) -> None:
         """After local training: g_k <- g_k - alpha (theta_k^t - theta^{t-1}), in place."""
         with torch.no_grad():
-            step = torch._foreach_mul(torch._foreach_sub([p for p, _, _ in terms], [a for _, a, _ in terms]),
+            step = foreach("mul")(foreach("sub")([p for p, _, _ in terms], [a for _, a, _ in terms]),
                                       self.alpha)
-            torch._foreach_sub_([g for _, _, g in terms], step)
+            foreach("sub_")([g for _, _, g in terms], step)
 
     # ---- server ----------------------------------------------------------------------------
     def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,

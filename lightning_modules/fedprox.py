@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from bench.core.compat import foreach
 from lightning_modules.base import METHODS, ClientContext, FederatedModule, ObjectiveTerm, TermLoss
 
 
@@ -23,8 +24,8 @@ class ProximalLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(half_mu: float, anchors: list[torch.Tensor], *params: torch.Tensor) -> torch.Tensor:
-        diffs = torch._foreach_sub(list(params), anchors)
-        return half_mu * torch.stack(torch._foreach_norm(diffs)).pow(2).sum(), diffs
+        diffs = foreach("sub")(list(params), anchors)
+        return half_mu * torch.stack(foreach("norm")(diffs)).pow(2).sum(), diffs
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -37,7 +38,7 @@ class ProximalLoss(torch.autograd.Function):
         # as autograd through half_mu * sum((p - w).pow(2)): (grad * half_mu) * (2 (p - w)), where scaling by 2
         # is exact, so (2 grad half_mu) (p - w) rounds to the same bits
         scale = (grad_value * ctx.half_mu) * 2
-        return (None, None, *torch._foreach_mul(ctx.diffs, scale))
+        return (None, None, *foreach("mul")(ctx.diffs, scale))
 
 
 @dataclass(frozen=True)

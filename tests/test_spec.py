@@ -51,7 +51,7 @@ def test_table_config_typos(tmp_path, change, message):
         ({"base": {"data": {"nmae": "digits"}}},
          "base has unknown key(s) ['nmae'] in data; allowed: ['augment', "),
         ({"runs": [{"name": "a", "threads": 2}]},
-         "run 'a' has unknown key(s) ['threads']; allowed: ['data', 'fed', "),
+         "run 'a' has unknown key(s) ['threads']; allowed: ['channels_last', 'compile', 'data', 'fed', "),
         ({"runs": [{"name": "a", "fed": {"round": 2}}]},
          "run 'a' has unknown key(s) ['round'] in fed; allowed:"),
     ],
@@ -76,8 +76,10 @@ def test_keys_come_from_the_dataclasses():
     assert set(OPTION_GROUPS) == {"data", "partition", "fed", "method"}
     assert execution_keys(RunConfig) == {"devices", "num_nodes", "accelerator", "threads", "output_dir", "checkpoint_dir",
                                          "checkpoint_every", "resume", "timeout", "save_final_state", "wandb",
-                                         "wandb_project", "tensorboard", "progress", "channels_last", "compile"}
-    assert ENTRY_KEYS == {"name", "tolerance", "data", "partition", "fed", "method", "seed", "precision", "gpu_math"}
+                                         "wandb_project", "tensorboard", "progress"}
+    # channels_last and compile can change a result's bits (issue 42): part of its identity, settable per entry
+    assert ENTRY_KEYS == {"name", "tolerance", "data", "partition", "fed", "method", "seed", "precision", "gpu_math",
+                          "channels_last", "compile"}
     d = RunConfig().to_dict()
     kept = result_config(d)
     assert set(kept) == {f.name for f in dataclasses.fields(RunConfig)} - execution_keys(RunConfig)

@@ -18,7 +18,9 @@ The names:
   whether Lightning's TensorBoardLogger can write (--tensorboard is refused up front otherwise);
 - ``lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver`` (its ``_run``,
   ``_child_processes``) and ``_launch_process_observer``: Fabric's watcher of the ranks it launched,
-  which bench/rank_observer.py replaces (Fabric has no public option for it).
+  which bench/rank_observer.py replaces (Fabric has no public option for it);
+- ``torch._foreach_add_``, ``_foreach_sub``, ``_foreach_sub_``, ``_foreach_mul``, ``_foreach_norm``: one
+  multi-tensor op per list instead of one per parameter (FedProx's, FedDyn's and Scaffold's per-step work).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ NAMES = (
     ("lightning", "lightning.fabric.loggers.tensorboard", "_TENSORBOARDX_AVAILABLE"),
     ("lightning", "lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver"),
     ("lightning", "lightning.fabric.strategies.launchers.subprocess_script", "_launch_process_observer"),
+    *(("torch", "torch", f"_foreach_{op}") for op in ("add_", "sub", "sub_", "mul", "norm")),
 )
 FIX = "install the tested versions (pip install -r requirements.lock)"
 
@@ -89,6 +92,12 @@ def default_store() -> Any:
 def batch_norm_base() -> type:
     """The base class of torch's BatchNorm layers (1d, 2d, 3d, sync, lazy)."""
     return private("torch", "torch.nn.modules.batchnorm", "_BatchNorm")
+
+
+@functools.cache
+def foreach(op: str) -> Callable[..., Any]:
+    """torch's multi-tensor ``torch._foreach_<op>`` (``foreach("mul")(tensors, scalar)``), resolved once."""
+    return private("torch", "torch", f"_foreach_{op}")
 
 
 def tensorboard_available() -> bool:

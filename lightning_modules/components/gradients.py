@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from bench.core.compat import foreach
+
 
 def add_to_gradients(params: list[torch.Tensor], additions: list[torch.Tensor], copy_missing: bool) -> None:
     """p.grad += a for every pair; a parameter without a gradient gets a (a copy of it when
@@ -16,4 +18,4 @@ def add_to_gradients(params: list[torch.Tensor], additions: list[torch.Tensor], 
             grads.append(p.grad)
             adds.append(a)
     if grads:
-        torch._foreach_add_(grads, adds)
+        foreach("add_")(grads, adds)
