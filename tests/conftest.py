@@ -21,34 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """A RunConfig for fast runs on sklearn digits with the small CNN (it has BatchNorm, so buffer
-    aggregation is exercised), writing under tmp_path."""
-    from bench.config import RunConfig
+    aggregation is exercised), writing under tmp_path (tests/rank_pairs.py base_cfg, which the shared
+    two-rank launch builds its cases from)."""
+    from rank_pairs import base_cfg
 
-    def make(**overrides) -> RunConfig:
-        cfg = RunConfig()
-        cfg.data.name = "digits"
-        cfg.data.cache_dir = str(tmp_path / "cache")
-        cfg.partition.num_clients = 6
-        cfg.partition.beta = 0.5
-        cfg.partition.min_size = 20
-        cfg.fed.rounds = 3
-        cfg.fed.sample_ratio = 0.5
-        cfg.fed.batch_size = 32
-        cfg.method.backbone = "simple-cnn"
-        cfg.method.lr = 0.05
-        cfg.output_dir = str(tmp_path / "runs")
-        cfg.checkpoint_dir = str(tmp_path / "ckpt")
-        cfg.accelerator = "cpu"
-        cfg.threads = 1
-        cfg.progress = False
-        cfg.save_final_state = True
-        for key, value in overrides.items():
-            obj = cfg
-            *path, last = key.split(".")
-            for p in path:
-                obj = getattr(obj, p)
-            setattr(obj, last, value)
-        return cfg
+    def make(**overrides):
+        return base_cfg(tmp_path, **overrides)
 
     return make
 

@@ -34,7 +34,7 @@ PROTOCOL_ROWS = [("fedrep", "global"), ("fedrod", "global"), ("fedproto", "local
 
 
 def base_cfg(root: Path, **overrides):
-    """The RunConfig of tests/conftest.py's tiny_cfg (digits, small CNN, 6 clients, 3 rounds, 1 thread),
+    """The tiny digits RunConfig (small CNN, 6 clients, 3 rounds, 1 thread; conftest.py's tiny_cfg builds it here),
     writing under root, with ``overrides`` (dotted keys)."""
     from bench.config import RunConfig
 
