@@ -208,11 +208,40 @@ def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
 
     assert main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    for item in ("1 per-client round", "2 float16 loss scaling", "3 strict float32", "4 determinism", "5 devices auto"):
+    for item in ("1 per-client round", "2 float16 loss scaling", "3 strict float32", "4 determinism", "5 devices auto",
+                 "7 math modes", "8 bitwise weights: ResNet-18 32 px, 2 steps twice: strict equal, tf32 equal",
+                 "10 bf16-mixed: 4 steps at 32 px"):
         assert f"PASS  {item}" in out
+    assert "INFO  9 GPU against CPU: CPU: no second device" in out and "INFO  11 step memory" in out
     assert "loss scaling False (expected False)" in out and "all judged items passed" in out
     if not torch.cuda.is_available():
         assert main([]) == 0 and "no CUDA device visible" in capsys.readouterr().out
+
+
+def test_gpu_check_shape_items_fail_when_their_property_breaks(monkeypatch):
+    """Items 8 and 10 judge: a training that differs between two identical calls fails item 8, a bf16
+    training with non-finite weights or a loss 10 % off fails item 10."""
+    from bench.reporting import gpu_check_shape as shape
+
+    calls = {"n": 0}
+
+    def drifting(device, data, bf16=False):
+        calls["n"] += 1
+        return {"w": torch.full((2,), 1.0 + 1e-7 * calls["n"])}, [2.0] * len(data)
+
+    monkeypatch.setattr(shape, "train", drifting)
+    ok, detail = shape.check_bitwise_weights(torch.device("cpu"), 8, 1)
+    assert ok is False and "strict 1.2e-07 apart" in detail
+
+    def bf16_off(nan: bool, factor: float):
+        def fake(device, data, bf16=False):
+            value = float("nan") if (bf16 and nan) else 1.0
+            return {"w": torch.full((2,), value)}, [2.0 * (factor if bf16 else 1.0)] * len(data)
+        return fake
+
+    for nan, factor, expected in ((False, 1.04, True), (False, 1.10, False), (True, 1.0, False)):
+        monkeypatch.setattr(shape, "train", bf16_off(nan, factor))
+        assert shape.check_bf16(torch.device("cpu"), 8, 5)[0] is expected
 
 
 # ---- item 13: make bench measures the machine at hand ------------------------------------------

@@ -13,6 +13,13 @@ Checks, each on sklearn's digits (offline) with the small CNN:
 5. devices auto: one rank per visible GPU (up to the clients per round);
 6. host syncs: one FedAvg round's local steps under ``torch.cuda.set_sync_debug_mode("warn")`` -
    reported (count of sync warnings), not judged.
+Checks at the table's shape (ResNet-18 with BatchNorm, 128 px, batch 8; bench/reporting/gpu_check_shape.py,
+issue 42; `--size/--steps/--bf16-steps` shrink them, as the CPU dry run does by default):
+7. conv and matmul math under each gpu_math mode against float64 (strict judged);
+8. bitwise-equal weights for two identical trainings under strict and tf32;
+9. GPU against CPU within a stated tolerance (strict judged, tf32 reported);
+10. bf16-mixed against float32: finite weights, last losses within 5 %;
+11. peak memory of one client's step (reported).
 The NCCL stall timeout needs two GPUs and a stalled rank: `fedbench run --devices 2 --timeout 0.2` with
 a rank stopped by hand (README, "GPUs") shows it.
 
@@ -76,9 +83,9 @@ def check_strict_float32(device: torch.device) -> tuple[bool, str]:
     exact = a.double() @ b.double()
     errors = {}
     for mode in ("strict", "fast"):
-        apply_gpu_math(mode)
+        apply_gpu_math(mode, device.type)
         errors[mode] = ((a.to(device) @ b.to(device)).double().cpu() - exact).abs().max().item() / exact.abs().max().item()
-    apply_gpu_math("strict")
+    apply_gpu_math("strict", device.type)
     return errors["strict"] < 1e-5, (f"relative matmul error: strict {errors['strict']:.1e} (float32: < 1e-5), "
                                      f"fast {errors['fast']:.1e} (TF32 on Ampere+: ~1e-3)")
 
@@ -113,10 +120,27 @@ def check_host_syncs(root: str, accelerator: str, device: torch.device) -> tuple
     return None, f"one 2-round FedAvg run: {syncs} synchronizing calls (reported, not judged)"
 
 
+def shape_checks(device: torch.device, args) -> list[tuple[str, Callable[[], tuple[bool | None, str]]]]:
+    """Items 7-11 (bench/reporting/gpu_check_shape.py) at the table's shape on a GPU, smaller on the CPU."""
+    from bench.reporting import gpu_check_shape as shape
+
+    gpu = device.type == "cuda"
+    size = args.size or (128 if gpu else 32)
+    steps, bf16_steps = args.steps or (8 if gpu else 2), args.bf16_steps or (60 if gpu else 4)
+    return [("7 math modes", lambda: shape.check_math_modes(device)),
+            ("8 bitwise weights", lambda: shape.check_bitwise_weights(device, size, steps)),
+            ("9 GPU against CPU", lambda: shape.check_gpu_against_cpu(device, size, steps)),
+            ("10 bf16-mixed", lambda: shape.check_bf16(device, size, bf16_steps)),
+            ("11 step memory", lambda: shape.check_step_memory(device, size))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GPU checks of fedbench (issue 31): pass/fail per item.")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda (default): the GPU checks; cpu: the same checks on the CPU (a dry run)")
+    parser.add_argument("--size", type=int, default=None, help="image size of checks 7-11 (cuda 128, cpu 32)")
+    parser.add_argument("--steps", type=int, default=None, help="steps of checks 8-9 (cuda 8, cpu 2)")
+    parser.add_argument("--bf16-steps", type=int, default=None, help="steps of check 10 (cuda 60, cpu 4)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False): nothing to check here. "
@@ -132,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             ("4 determinism", lambda: check_determinism(f"{root}/4", accelerator)),
             ("5 devices auto", lambda: check_devices_auto(accelerator)),
             ("6 host syncs", lambda: check_host_syncs(f"{root}/6", accelerator, device)),
+            *shape_checks(device, args),
         ]
         failed = 0
         for name, check in checks:
