@@ -6,7 +6,7 @@ DATASET ?= fashion-mnist
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 
-.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-startup catalog bench-round bench-table2 gpu-check lint clean-results
+.PHONY: install lock data quick table2 dashboard table-ablation table-fednpr table-fednpr-ablation table-facmic table-fstcbdg coverage test test-fast smoke-tables regression-update bench bench-startup catalog bench-round bench-table2 gpu-check gpu-bench lint clean-results
 
 # A venv with exactly the versions of requirements.lock (the whole dependency tree, nothing resolved
 # at install time: --no-deps, then `pip check` proves the locked set is complete and consistent),
@@ -135,6 +135,11 @@ bench-table2: install
 # On a machine with a CUDA GPU: what only a GPU can show (bench/reporting/gpu_check.py), pass/fail per item, < 5 min
 gpu-check: install
 	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
+
+# On a machine with a CUDA GPU: table2_kvasir's rows for 3 rounds on synthetic Kvasir images under each math mode,
+# alone and K at once, and the projected wall time of the whole table per setting (bench/reporting/gpu_bench.py)
+gpu-bench: install
+	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_bench $(ARGS)
 
 # Delete what runs write and git does not track (run records, checkpoints, W&B files, reduced tables under
 # results/tables/reduced/ and the __reduced-<hash> files older versions wrote beside the tables); keeps

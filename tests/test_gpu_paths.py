@@ -244,6 +244,25 @@ def test_gpu_check_shape_items_fail_when_their_property_breaks(monkeypatch):
         assert shape.check_bf16(torch.device("cpu"), 8, 5)[0] is expected
 
 
+def test_gpu_bench_cpu_mode_measures_and_projects_the_kvasir_table(capsys):
+    """`python -m bench.reporting.gpu_bench --device cpu --tiny`: table2_kvasir's FedAvg row on synthetic
+    Kvasir-layout images, alone and 2 at once; the projection is 111 runs at FedAvg's measured cost, divided
+    by the measured speedup (issue 42, item 6)."""
+    import re
+
+    from bench.reporting.gpu_bench import main
+
+    assert main(["--device", "cpu", "--tiny", "--modes", "strict", "--jobs", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "table2_kvasir: 111 distinct runs, projected on cpu" in out
+    line = re.compile(r"^strict\s+(\d) .*?\s([\d.]+)x\s+([\d.]+)$", re.MULTILINE)
+    rows = {int(m[0]): (float(m[1]), float(m[2])) for m in line.findall(out)}
+    cost = float(re.search(r"\{'FedAvg': ([\d.]+)\}", out)[1])
+    assert rows[1][0] == 1.0 and rows[1][1] == pytest.approx(111 * cost / 3600, rel=1e-3)
+    assert rows[2][1] == pytest.approx(rows[1][1] / rows[2][0], rel=1e-2)
+    assert "18 rows inferred at the first row's cost" in out
+
+
 # ---- item 13: make bench measures the machine at hand ------------------------------------------
 def test_loop_probe_measures_the_gpu_when_there_is_one(monkeypatch):
     from bench.reporting.loop_probe import probe_device

@@ -1,0 +1,200 @@
+"""`make gpu-bench` (issue 42, item 6): how long would table2_kvasir take on this machine?
+
+It writes synthetic Kvasir-v2-layout images (8 class folders of 160x128 JPEGs, tinted noise; no download),
+runs a few rounds of table2_kvasir's own rows (their configs from the table file, seed 0, first column) at
+128 px under each ``gpu_math`` mode, alone and as K runs at once (K processes started together), and prints
+the projected wall time of the whole table for each setting:
+
+    table seconds = sum over the table's distinct runs of (its row's measured cost, or FedAvg's where the
+                    row was not measured: marked inferred) / speedup(K)
+    a row's cost  = its config's rounds x (train seconds of a round x full / measured training images
+                    + eval seconds), from the rounds after the first (the first pays for warm-up)
+    speedup(K)    = aggregate steps/s of K runs at once / steps/s of one run alone (same row, same mode)
+
+    python -m bench.reporting.gpu_bench                          # on the GPU: rows FedAvg, modes strict,tf32, K 1,4
+    python -m bench.reporting.gpu_bench --device cpu --tiny      # the CPU mode the tests run (seconds)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+KVASIR_DIRS = ("dyed-lifted-polyps", "dyed-resection-margins", "esophagitis", "normal-cecum",
+               "normal-pylorus", "normal-z-line", "polyps", "ulcerative-colitis")
+FULL_TRAIN = {"kvasir": 5600}  # Kvasir-v2's 8,000 images, 7:1:2 split
+TABLE = "configs/tables/table2_kvasir.yaml"
+
+
+def write_kvasir(root: Path, per_class: int) -> Path:
+    """<root>/kvasir-dataset-v2/<class>/img_<i>.jpg: 160x128 noise tinted by class (datamodules/kvasir.py
+    decodes and resizes them as it does the real files)."""
+    import numpy as np
+    from PIL import Image
+
+    base = root / "kvasir-dataset-v2"
+    for label, name in enumerate(KVASIR_DIRS):
+        folder = base / name
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(label)
+        tint = np.array([30 + 25 * label, 220 - 25 * label, 128], dtype=np.int16)
+        for i in range(per_class):
+            pixels = np.clip(rng.integers(-60, 60, (128, 160, 3)) + tint, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"img_{i:04d}.jpg", quality=85)
+    return base
+
+
+def table_runs() -> tuple[Counter, dict]:
+    """The table's distinct runs counted per row label, and each row's first config (seed 0)."""
+    from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+
+    runs = distinct_runs(plan_runs(load_table_config(TABLE), output_dir="/tmp/none", check_records=False))
+    configs: dict = {}
+    for r in runs:
+        if r.cfg.seed == 0:
+            configs.setdefault(r.label, r.cfg)
+    return Counter(r.label for r in runs), configs
+
+
+def run_cost(record: dict, rounds: int, full_train: int) -> dict:
+    """ms per local step and the projected seconds of ``rounds`` rounds at ``full_train`` images, from a
+    record's rounds after the first."""
+    hist = record["history"]
+    steady = hist[1:] or hist
+    batch = record["config"]["fed"]["batch_size"]
+    steps = sum(h["samples_trained"] for h in steady) / batch
+    scale = full_train / max(1, record["splits"]["train"])
+    per_round = sum(h["train_seconds"] * scale + h["eval_seconds"] for h in steady) / len(steady)
+    return {"ms_per_step": 1e3 * sum(h["train_seconds"] for h in steady) / max(1.0, steps),
+            "run_seconds": rounds * per_round}
+
+
+def project(counts: Counter, costs: dict[str, float], fallback: str, speedup: float) -> tuple[float, list[str]]:
+    """Projected table seconds: each run at its row's cost (``fallback``'s where its row has none), all
+    divided by ``speedup``; and the rows whose cost was inferred."""
+    inferred = sorted(label for label in counts if label not in costs)
+    total = sum(n * costs.get(label, costs[fallback]) for label, n in counts.items())
+    return total / speedup, inferred
+
+
+def one_run(args) -> None:
+    """Child mode: run one row for ``--rounds`` rounds and print its cost as one JSON line."""
+    from bench.experiment import make_fabric, run_experiment
+
+    _, configs = table_runs()
+    cfg = configs[args.row]
+    table_rounds = cfg.fed.rounds
+    tmp = tempfile.mkdtemp(prefix="gpu-bench-run-")
+    cfg.data.root, cfg.data.cache_dir, cfg.data.image_size = args.root, f"{tmp}/cache", args.size
+    cfg.data.max_test_samples = args.max_test
+    if args.tiny:  # 168 training images cannot give 10 clients >= 10 images each at beta 0.05
+        cfg.partition.min_size = 2
+    cfg.fed.rounds, cfg.gpu_math = args.rounds, args.mode
+    cfg.accelerator, cfg.devices, cfg.progress, cfg.threads = args.device, 1, False, args.threads
+    cfg.output_dir, cfg.checkpoint_dir = f"{tmp}/runs", f"{tmp}/ckpt"
+    fabric = make_fabric(cfg)
+    fabric.launch()
+    record = run_experiment(cfg, fabric)
+    print(json.dumps({"row": args.row, "mode": args.mode, **run_cost(record, table_rounds, FULL_TRAIN["kvasir"])}))
+
+
+def measure(args, row: str, mode: str, k: int) -> list[dict]:
+    """K child runs of ``row`` at once (each ``cores // K`` threads); their JSON results."""
+    threads = max(1, (os.cpu_count() or 1) // k)
+    cmd = [sys.executable, "-m", "bench.reporting.gpu_bench", "--one-run", "--row", row, "--mode", mode,
+           "--root", args.root, "--size", str(args.size), "--rounds", str(args.rounds), "--device", args.device,
+           "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
+               ["--tiny"] if args.tiny else [])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(k)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if proc.returncode or not lines:
+            raise SystemExit(f"gpu-bench: {row} under {mode} failed:\n{stderr[-1500:]}")
+        out.append(json.loads(lines[-1]))
+    return out
+
+
+def bench(args) -> list[dict]:
+    """Every (mode, K) setting: ms per step, aggregate steps/s, speedup and the projected table hours."""
+    counts, _ = table_runs()
+    rows, settings = args.rows.split(","), []
+    for mode in args.modes.split(","):
+        costs = {r["row"]: r for row in rows for r in measure(args, row, mode, 1)}
+        alone = 1e3 / costs[rows[0]]["ms_per_step"]
+        for k in sorted({1, *map(int, args.jobs.split(","))}):
+            runs = [costs[rows[0]]] if k == 1 else measure(args, rows[0], mode, k)
+            aggregate = sum(1e3 / r["ms_per_step"] for r in runs)
+            seconds, inferred = project(counts, {row: c["run_seconds"] for row, c in costs.items()}, rows[0],
+                                        aggregate / alone)
+            settings.append({"mode": mode, "jobs": k, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
+                             "aggregate_steps_per_s": aggregate, "speedup": aggregate / alone,
+                             "table_hours": seconds / 3600, "inferred_rows": len(inferred),
+                             "row_seconds": {row: round(c["run_seconds"], 1) for row, c in costs.items()}})
+    return settings
+
+
+def print_settings(settings: list[dict], counts_total: int, device: str) -> None:
+    print(f"table2_kvasir: {counts_total} distinct runs, projected on {device}")
+    print(f"{'gpu_math':<8} {'jobs':>4} {'ms/step (each run)':<28} {'steps/s':>8} {'speedup':>8} {'table hours':>12}")
+    for s in settings:
+        each = ", ".join(f"{v:g}" for v in s["ms_per_step"][:4]) + (" ..." if len(s["ms_per_step"]) > 4 else "")
+        print(f"{s['mode']:<8} {s['jobs']:>4} {each:<28} {s['aggregate_steps_per_s']:>8.1f} {s['speedup']:>7.2f}x "
+              f"{s['table_hours']:>11.2f}")
+    first = settings[0]
+    print(f"per-run cost of the measured rows (s): {first['row_seconds']}; {first['inferred_rows']} rows inferred "
+          "at the first row's cost")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--rows", default="FedAvg", help="table rows to measure, comma-separated (the first sets K's speedup)")
+    p.add_argument("--modes", default="strict,tf32", help="gpu_math modes, comma-separated")
+    p.add_argument("--jobs", default="1,4", help="runs at once, comma-separated")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--per-class", type=int, default=500)
+    p.add_argument("--max-test", type=int, default=None)
+    p.add_argument("--tiny", action="store_true", help="16 px, 30 images per class, 2 rounds (the test suite's mode)")
+    p.add_argument("--root", help=argparse.SUPPRESS)
+    p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.one_run:
+        one_run(args)
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-bench: no CUDA device visible; `python -m bench.reporting.gpu_bench --device cpu --tiny` is the dry run.")
+        return 0
+    if args.tiny:
+        args.size, args.per_class, args.rounds, args.max_test = 16, 30, 2, 40
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fedbench-gpu-bench-") as tmp:
+        args.root = str(write_kvasir(Path(tmp), args.per_class))
+        settings = bench(args)
+    counts, _ = table_runs()
+    print_settings(settings, sum(counts.values()), args.device)
+    print(f"gpu-bench: {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
