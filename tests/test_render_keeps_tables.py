@@ -66,6 +66,7 @@ def test_a_table_losing_some_cells_is_refused_until_replace_table(tmp_path, caps
 @pytest.mark.parametrize("extra, named", [
     (["--force"], "--force contradicts it"),
     (["--jobs", "2"], "--jobs contradicts it"),
+    (["--job-memory", "2"], "--job-memory contradicts it"),
     (["--shard", "1/2"], "--shard contradicts it"),
     (["--devices", "2"], "--devices contradicts it"),
     (["--tensorboard"], "--tensorboard contradicts it"),

@@ -1,5 +1,6 @@
 """`fedbench table --jobs N` (bench/reporting/table_jobs.py, issue 19): independent runs in N worker
-processes give the records one process gives, and a failing run stops the table with its name."""
+processes give the records one process gives (also when they start in another order: longest first,
+issue 42), and a failing run stops the table with its name."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,9 @@ import pytest
 import torch
 import yaml
 from conftest import REPO
+
+from bench.reporting.table_jobs import longest_first
+from bench.reporting.table_runner import distinct_runs, planned_table
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -34,8 +38,13 @@ def table(config, out, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.ddp
 def test_jobs_give_the_records_of_one_process(tmp_path):
     config = tmp_path / "jobs.yaml"
-    rows = [{"label": "FedAvg", "method": {"name": "fedavg"}}, {"label": "FedProx", "method": {"name": "fedprox"}}]
+    rows = [{"label": "FedAvg", "method": {"name": "fedavg"}},
+            {"label": "FedProx", "method": {"name": "fedprox"}, "fed": {"local_epochs": 2}}]
     config.write_text(yaml.safe_dump(spec(str(tmp_path / "cache"), rows)))
+    # the jobs start the twice longer FedProx runs first, one process runs the plan's order: the same records
+    runs = distinct_runs(planned_table(str(config))[3])
+    assert [r.label for r in longest_first(runs)] == ["FedProx", "FedProx", "FedAvg", "FedAvg"]
+    assert [r.label for r in runs] == ["FedAvg", "FedAvg", "FedProx", "FedProx"]
     serial, parallel = tmp_path / "serial", tmp_path / "parallel"
     for out, args in ((serial, ["--devices", "1"]), (parallel, ["--jobs", "2"])):
         proc = table(config, out, *args)
