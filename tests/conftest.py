@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The Ctrl-C tests need their child processes to start with SIGINT handled as Python does by default. A suite
+# started in the background of a shell without job control (`make test &` in a script, nohup) inherits SIGINT
+# *ignored*, and an ignored signal stays ignored across fork and exec, so every child would ignore Ctrl-C
+# (the command then rightly leaves it ignored: bench/core/lifetime.py). Handled here, children get the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest
 import torch
