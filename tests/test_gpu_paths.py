@@ -207,6 +207,8 @@ def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
                  "10 bf16-mixed: 4 steps at 32 px"):
         assert f"PASS  {item}" in out
     assert "INFO  9 GPU against CPU: CPU: no second device" in out and "INFO  11 step memory" in out
+    assert ("PASS  12 checkpoint and resume: stopped after round 0 of 3, resumed from round 0 on cpu: weights "
+            "0.0e+00 apart, metrics equal") in out
     assert "loss scaling False (expected False)" in out and "all judged items passed" in out
     if not torch.cuda.is_available():
         assert main([]) == 0 and "no CUDA device visible" in capsys.readouterr().out
@@ -255,6 +257,17 @@ def test_gpu_bench_cpu_mode_measures_and_projects_the_kvasir_table(capsys):
     assert rows[1][0] == 1.0 and rows[1][1] == pytest.approx(111 * cost / 3600, rel=1e-3)
     assert rows[2][1] == pytest.approx(rows[1][1] / rows[2][0], rel=1e-2)
     assert "18 rows inferred at the first row's cost" in out
+
+
+def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypatch):
+    """Item 12 judges the resume itself: a run that ignores its checkpoint (and trains from round 0 to the
+    same numbers) fails it."""
+    from bench.checkpoint import Checkpointer
+    from bench.reporting.gpu_check import check_resume
+
+    monkeypatch.setattr(Checkpointer, "load_latest", lambda self, *a, **k: None)
+    ok, detail = check_resume(str(tmp_path), "cpu")
+    assert ok is False and "resumed from round None" in detail and "metrics equal" in detail
 
 
 # ---- item 13: make bench measures the machine at hand ------------------------------------------

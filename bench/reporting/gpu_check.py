@@ -19,7 +19,8 @@ issue 42; `--size/--steps/--bf16-steps` shrink them, as the CPU dry run does by 
 8. bitwise-equal weights for two identical trainings under strict and tf32;
 9. GPU against CPU within a stated tolerance (strict judged, tf32 reported);
 10. bf16-mixed against float32: finite weights, last losses within 5 %;
-11. peak memory of one client's step (reported).
+11. peak memory of one client's step (reported);
+12. checkpoint and resume: a FedAvg run stopped after a checkpoint and resumed equals the one that went through.
 The NCCL stall timeout needs two GPUs and a stalled rank: `fedbench run --devices 2 --timeout 0.2` with
 a rank stopped by hand (README, "GPUs") shows it.
 
@@ -96,6 +97,49 @@ def check_determinism(root: str, accelerator: str) -> tuple[bool, str]:
     return curves[0] == curves[1], f"FedProto twice under strict: {curves[0]} vs {curves[1]}"
 
 
+class StopAfterCheckpoint(Exception):
+    """Ends a run right after it checkpointed (item 12's stand-in for a killed job)."""
+
+
+def check_resume(root: str, accelerator: str) -> tuple[bool, str]:
+    """A FedAvg run stopped right after checkpointing round 0 of 3 and resumed ends with the same weights
+    and metrics as the run that went through (its checkpoint saved and loaded on the device)."""
+    from bench.checkpoint import Checkpointer
+    from bench.records import record_path
+
+    def final_state(cfg: RunConfig) -> dict:
+        return torch.load(record_path(cfg.output_dir, cfg.experiment, cfg.run_name()).with_suffix(".pt"))
+
+    def config(folder: str, **extra) -> RunConfig:
+        cfg = tiny_config(folder, "fedavg", accelerator, experiment="resume", checkpoint_every=1, **extra)
+        cfg.fed.rounds, cfg.fed.keep_optimizer_state, cfg.save_final_state = 3, True, True
+        return cfg
+
+    full = run(config(f"{root}/full"))
+    original = Checkpointer.save
+
+    def save_then_stop(self, r, snapshot, clients):
+        original(self, r, snapshot, clients)
+        if r == 0:
+            raise StopAfterCheckpoint
+
+    Checkpointer.save = save_then_stop
+    try:
+        run(config(f"{root}/stopped"))
+    except StopAfterCheckpoint:
+        pass
+    finally:
+        Checkpointer.save = original
+    resumed = run(config(f"{root}/stopped", resume=True))
+    a, b = final_state(config(f"{root}/full")), final_state(config(f"{root}/stopped"))
+    gap = max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel())
+    same = [h.get("metrics") for h in full["history"]] == [h.get("metrics") for h in resumed["history"]]
+    began = (resumed.get("resumed") or {}).get("from_round")
+    return began == 0 and gap == 0.0 and same and a.keys() == b.keys(), (
+        f"stopped after round 0 of 3, resumed from round {began} on {resumed['execution']['device']}: weights "
+        f"{gap:.1e} apart, metrics {'equal' if same else 'DIFFERENT'} (must resume from 0 and be equal)")
+
+
 def check_devices_auto(accelerator: str) -> tuple[bool, str]:
     from bench.workers import auto_layout, visible_gpus
 
@@ -157,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             ("5 devices auto", lambda: check_devices_auto(accelerator)),
             ("6 host syncs", lambda: check_host_syncs(f"{root}/6", accelerator, device)),
             *shape_checks(device, args),
+            ("12 checkpoint and resume", lambda: check_resume(f"{root}/12", accelerator)),
         ]
         failed = 0
         for name, check in checks:
