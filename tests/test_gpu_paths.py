@@ -209,6 +209,7 @@ def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
     assert "INFO  9 GPU against CPU: CPU: no second device" in out and "INFO  11 step memory" in out
     assert ("PASS  12 checkpoint and resume: stopped after round 0 of 3, resumed from round 0 on cpu: weights "
             "0.0e+00 apart, metrics equal") in out
+    assert "PASS  13 jobs sharing the device: 2 jobs on cpu, cpu: weights 0.0e+00 apart from one process's, metrics equal" in out
     assert "loss scaling False (expected False)" in out and "all judged items passed" in out
     if not torch.cuda.is_available():
         assert main([]) == 0 and "no CUDA device visible" in capsys.readouterr().out
@@ -268,6 +269,22 @@ def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypat
     monkeypatch.setattr(Checkpointer, "load_latest", lambda self, *a, **k: None)
     ok, detail = check_resume(str(tmp_path), "cpu")
     assert ok is False and "resumed from round None" in detail and "metrics equal" in detail
+
+
+def test_gpu_check_jobs_item_fails_when_the_jobs_records_differ(tmp_path, monkeypatch):
+    """Item 13 compares the --jobs workers' records with one process's: runs in this process at a 1 % higher
+    learning rate (the workers keep theirs) fail it."""
+    from bench.reporting import gpu_check
+
+    original = gpu_check.run
+
+    def other_lr(cfg):
+        cfg.method.lr *= 1.01
+        return original(cfg)
+
+    monkeypatch.setattr(gpu_check, "run", other_lr)
+    ok, detail = gpu_check.check_jobs_share_the_device(str(tmp_path), "cpu")
+    assert ok is False and "metrics DIFFERENT" in detail
 
 
 # ---- item 13: make bench measures the machine at hand ------------------------------------------

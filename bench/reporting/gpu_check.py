@@ -20,7 +20,8 @@ issue 42; `--size/--steps/--bf16-steps` shrink them, as the CPU dry run does by 
 9. GPU against CPU within a stated tolerance (strict judged, tf32 reported);
 10. bf16-mixed against float32: finite weights, last losses within 5 %;
 11. peak memory of one client's step (reported);
-12. checkpoint and resume: a FedAvg run stopped after a checkpoint and resumed equals the one that went through.
+12. checkpoint and resume: a FedAvg run stopped after a checkpoint and resumed equals the one that went through;
+13. `--jobs 2` on the machine's device(s) (two workers on one GPU): the same records and weights as one process.
 The NCCL stall timeout needs two GPUs and a stalled rank: `fedbench run --devices 2 --timeout 0.2` with
 a rank stopped by hand (README, "GPUs") shows it.
 
@@ -29,6 +30,7 @@ Exit status 0 when every judged item passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -140,6 +142,44 @@ def check_resume(root: str, accelerator: str) -> tuple[bool, str]:
         f"{gap:.1e} apart, metrics {'equal' if same else 'DIFFERENT'} (must resume from 0 and be equal)")
 
 
+def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]:
+    """Two FedAvg runs (seeds 0 and 1) as ``fedbench table --jobs 2`` runs them, both workers on this machine's
+    device(s) (several per GPU when K exceeds the GPUs), give the records and final weights of the same runs
+    done one after the other in this process."""
+    from types import SimpleNamespace
+
+    from bench.records import record_path
+    from bench.reporting.table_jobs import run_jobs
+    from bench.workers import cpu_cores
+
+    def config(folder: str, seed: int) -> RunConfig:
+        cfg = tiny_config(folder, "fedavg", accelerator, experiment="jobs", seed=seed, save_final_state=True)
+        cfg.data.cache_dir = f"{root}/cache"
+        return cfg
+
+    def outcome(cfg: RunConfig) -> tuple[dict, dict]:
+        path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+        return json.loads(path.read_text()), torch.load(path.with_suffix(".pt"))
+
+    run_jobs([SimpleNamespace(cfg=config(f"{root}/jobs", s)) for s in (0, 1)], 2, None, "gpu-check --jobs 2",
+             lambda r: f"seed {r.cfg.seed}")
+    alone, threads = [config(f"{root}/alone", s) for s in (0, 1)], torch.get_num_threads()
+    torch.set_num_threads(max(1, cpu_cores() // 2))  # a worker's threads: CPU float sums depend on them
+    try:
+        for cfg in alone:
+            run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    gaps, devices, same = [], [], True
+    for cfg in alone:
+        (rec_a, state_a), (rec_j, state_j) = outcome(cfg), outcome(config(f"{root}/jobs", cfg.seed))
+        gaps.append(max(float((state_a[k].double() - state_j[k].double()).abs().max()) for k in state_a if state_a[k].numel()))
+        same &= [h.get("metrics") for h in rec_a["history"]] == [h.get("metrics") for h in rec_j["history"]]
+        devices.append(rec_j["execution"]["device"])
+    return max(gaps) == 0.0 and same, (f"2 jobs on {', '.join(devices)}: weights {max(gaps):.1e} apart from one process's, "
+                                       f"metrics {'equal' if same else 'DIFFERENT'} (must be equal)")
+
+
 def check_devices_auto(accelerator: str) -> tuple[bool, str]:
     from bench.workers import auto_layout, visible_gpus
 
@@ -202,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             ("6 host syncs", lambda: check_host_syncs(f"{root}/6", accelerator, device)),
             *shape_checks(device, args),
             ("12 checkpoint and resume", lambda: check_resume(f"{root}/12", accelerator)),
+            ("13 jobs sharing the device", lambda: check_jobs_share_the_device(f"{root}/13", accelerator)),
         ]
         failed = 0
         for name, check in checks:
