@@ -3,7 +3,7 @@
     python -m bench.reporting.gpu_check            # on the CUDA device(s) at hand
     python -m bench.reporting.gpu_check --device cpu   # the same checks on the CPU (what the test suite runs)
 
-Checks, each on sklearn's digits (offline) with the small CNN:
+Checks 1-6, 12 and 13 run on sklearn's digits (offline) with the small CNN:
 1. per-client round: FedRep (a per-client protocol) runs two rounds on the device (round 0 used to
    crash on CUDA: a CPU metrics table added into the CUDA round buffer);
 2. float16 loss scaling: a 16-mixed FedAvg run records loss scaling on CUDA and ends with finite metrics;
