@@ -42,6 +42,7 @@ import torch
 
 from bench.config import RunConfig
 from bench.core.numerics import apply_gpu_math
+from bench.reporting.gpu_check_shape import max_difference
 
 
 def tiny_config(root: str, method: str, accelerator: str, **overrides) -> RunConfig:
@@ -99,6 +100,14 @@ def check_determinism(root: str, accelerator: str) -> tuple[bool, str]:
     return curves[0] == curves[1], f"FedProto twice under strict: {curves[0]} vs {curves[1]}"
 
 
+def outcome(cfg: RunConfig) -> tuple[dict, dict]:
+    """A finished run's record and final state (``save_final_state``)."""
+    from bench.records import record_path
+
+    path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
+    return json.loads(path.read_text()), torch.load(path.with_suffix(".pt"))
+
+
 class StopAfterCheckpoint(Exception):
     """Ends a run right after it checkpointed (item 12's stand-in for a killed job)."""
 
@@ -107,10 +116,6 @@ def check_resume(root: str, accelerator: str) -> tuple[bool, str]:
     """A FedAvg run stopped right after checkpointing round 0 of 3 and resumed ends with the same weights
     and metrics as the run that went through (its checkpoint saved and loaded on the device)."""
     from bench.checkpoint import Checkpointer
-    from bench.records import record_path
-
-    def final_state(cfg: RunConfig) -> dict:
-        return torch.load(record_path(cfg.output_dir, cfg.experiment, cfg.run_name()).with_suffix(".pt"))
 
     def config(folder: str, **extra) -> RunConfig:
         cfg = tiny_config(folder, "fedavg", accelerator, experiment="resume", checkpoint_every=1, **extra)
@@ -133,8 +138,8 @@ def check_resume(root: str, accelerator: str) -> tuple[bool, str]:
     finally:
         Checkpointer.save = original
     resumed = run(config(f"{root}/stopped", resume=True))
-    a, b = final_state(config(f"{root}/full")), final_state(config(f"{root}/stopped"))
-    gap = max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel())
+    a, b = outcome(config(f"{root}/full"))[1], outcome(config(f"{root}/stopped"))[1]
+    gap = max_difference(a, b)
     same = [h.get("metrics") for h in full["history"]] == [h.get("metrics") for h in resumed["history"]]
     began = (resumed.get("resumed") or {}).get("from_round")
     return began == 0 and gap == 0.0 and same and a.keys() == b.keys(), (
@@ -148,7 +153,6 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
     done one after the other in this process."""
     from types import SimpleNamespace
 
-    from bench.records import record_path
     from bench.reporting.table_jobs import run_jobs
     from bench.workers import cpu_cores
 
@@ -156,10 +160,6 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
         cfg = tiny_config(folder, "fedavg", accelerator, experiment="jobs", seed=seed, save_final_state=True)
         cfg.data.cache_dir = f"{root}/cache"
         return cfg
-
-    def outcome(cfg: RunConfig) -> tuple[dict, dict]:
-        path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
-        return json.loads(path.read_text()), torch.load(path.with_suffix(".pt"))
 
     run_jobs([SimpleNamespace(cfg=config(f"{root}/jobs", s)) for s in (0, 1)], 2, None, "gpu-check --jobs 2",
              lambda r: f"seed {r.cfg.seed}")
@@ -173,7 +173,7 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
     gaps, devices, same = [], [], True
     for cfg in alone:
         (rec_a, state_a), (rec_j, state_j) = outcome(cfg), outcome(config(f"{root}/jobs", cfg.seed))
-        gaps.append(max(float((state_a[k].double() - state_j[k].double()).abs().max()) for k in state_a if state_a[k].numel()))
+        gaps.append(max_difference(state_a, state_j))
         same &= [h.get("metrics") for h in rec_a["history"]] == [h.get("metrics") for h in rec_j["history"]]
         devices.append(rec_j["execution"]["device"])
     return max(gaps) == 0.0 and same, (f"2 jobs on {', '.join(devices)}: weights {max(gaps):.1e} apart from one process's, "

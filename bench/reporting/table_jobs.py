@@ -153,12 +153,10 @@ def check_jobs(jobs: int, job_memory: float, gpus: list[str], totals=None) -> No
     """--jobs and --job-memory before any run starts: jobs >= 1, a positive need, and on a GPU machine
     (``gpus``) the workers each GPU gets x the need within its total memory (``totals``: bytes per
     visible GPU by position; default: asked of torch, which starts no CUDA context for it)."""
-    if jobs < 1:
-        raise FedbenchError(f"--jobs must be >= 1, got {jobs}.")
+    placed = job_gpus(jobs, gpus)  # refuses jobs < 1
     if not (isinstance(job_memory, int | float) and math.isfinite(job_memory) and job_memory > 0):
         raise FedbenchError(f"--job-memory must be a positive number of GiB (a run's GPU memory need), "
                             f"got {job_memory!r}.")
-    placed = job_gpus(jobs, gpus)
     if not placed:
         return
     if totals is None:
