@@ -29,12 +29,23 @@ checkout that declared it, and lists the parts that differed (``changed_since_tr
 ``python -m bench.code_version register-legacy TREE NOTE [WHY]`` adds one. An unknown legacy version
 counts as changed code. The entry for commit 3fda314 (``c78d9d36c5aa``) is declared: since it, only
 this identity and bench/core/compat.py changed (the engine and FedBM's part).
+
+A change that moves no number (a refactor of the engine, a file moved, a faster formula with the same
+bits) can be *declared* so that records and checkpoints keep counting as current:
+``python -m bench.code_version declare-same TREE NOTE WHY`` compares the parts of TREE (a checkout of
+the code before the change) with this checkout's and records, for each part that differs, "TREE's hash
+is the same code as this one" with the reason (the proof: which regression references and equivalence
+tests passed unchanged). A record is then current when its version is the one this checkout gives
+with any of its parts replaced by a hash declared (directly, or through a chain of declarations) the
+same as this checkout's. Declarations never carry over to a later undeclared change: a part edited
+after a declaration has a hash nothing is declared equal to, and its runs go stale.
 """
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -225,16 +236,27 @@ def run_names(cfg: Any) -> dict[str, list[str]]:
     return {"method": [get("method", "name")], "data": data, "partition": [get("partition", "scheme")]}
 
 
-def combine(parts: dict[str, Any], names: dict[str, list[str]]) -> str | None:
-    """A run's code version from a tree's parts: 12 hex digits over the engine and the run's named
-    parts, or None when the tree has no module registering one of the names."""
+def run_parts(parts: dict[str, Any], names: dict[str, list[str]]) -> list[tuple[str, str]] | None:
+    """The (part, hash) pairs a run depends on, in version order (``engine``, ``method:fedrs``, ...), or
+    None when the tree has no module registering one of the names."""
     chosen = [("engine", parts["engine"])]
     for kind, kind_names in names.items():
         for name in kind_names:
             if parts[kind].get(name) is None:
                 return None
             chosen.append((f"{kind}:{name}", parts[kind][name]))
+    return chosen
+
+
+def digest(chosen: list[tuple[str, str]]) -> str:
     return hashlib.sha1(json.dumps(chosen).encode()).hexdigest()[:12]
+
+
+def combine(parts: dict[str, Any], names: dict[str, list[str]]) -> str | None:
+    """A run's code version from a tree's parts: 12 hex digits over the engine and the run's named
+    parts, or None when the tree has no module registering one of the names."""
+    chosen = run_parts(parts, names)
+    return None if chosen is None else digest(chosen)
 
 
 def compute_code_version(cfg: Any, root: Path = REPO_ROOT) -> str | None:
@@ -260,16 +282,46 @@ def legacy_versions() -> dict[str, dict[str, Any]]:
     return json.loads(LEGACY_FILE.read_text())["versions"]
 
 
+@functools.cache
+def declared_same() -> dict[str, dict[str, dict[str, str]]]:
+    """part -> earlier hash -> {same_as: a later hash, tree, declared} (legacy_code_versions.json)."""
+    return json.loads(LEGACY_FILE.read_text()).get("same", {})
+
+
 def same_code(recorded: str | None, cfg: Any) -> bool:
     """Whether a record or checkpoint stamped ``recorded`` was computed with this checkout's code for
-    its run: the same version, or a known legacy version whose parts for the run are this checkout's."""
-    return judge(recorded, cfg, legacy_versions(), current_tree())
+    its run: the same version, or one whose parts are this checkout's or declared the same (a known
+    legacy version is judged by the parts of the tree that wrote it)."""
+    return judge(recorded, cfg, legacy_versions(), current_tree(), declared_same())
 
 
-def judge(recorded: str | None, cfg: Any, legacy: dict[str, dict[str, Any]], tree: Tree) -> bool:
-    """same_code against the legacy versions ``legacy`` and the tree ``tree``."""
-    entry = legacy.get(recorded or "")
-    return (combine(entry, run_names(cfg)) if entry else recorded) == tree.version(cfg)
+def accepted(part: str, current: str, same: dict[str, dict[str, dict[str, str]]]) -> list[str]:
+    """``current`` and every hash of ``part`` declared the same as it, directly or through a chain."""
+    out, grew = [current], True
+    while grew:
+        grew = False
+        for earlier, entry in same.get(part, {}).items():
+            if entry["same_as"] in out and earlier not in out:
+                out.append(earlier)
+                grew = True
+    return out
+
+
+def judge(recorded: str | None, cfg: Any, legacy: dict[str, dict[str, Any]], tree: Tree,
+          same: dict[str, dict[str, dict[str, str]]] | None = None) -> bool:
+    """same_code against the legacy versions ``legacy``, the tree ``tree`` and the declarations ``same``."""
+    names = run_names(cfg)
+    now = run_parts({"engine": tree.engine, **{kind: {n: tree.part(kind, n) for n in kind_names}
+                                                for kind, kind_names in names.items()}}, names)
+    if now is None or not recorded:
+        return False
+    choices = [accepted(part, h, same or {}) for part, h in now]
+    entry = legacy.get(recorded)
+    if entry:
+        then = run_parts(entry, names)
+        return then is not None and all(h in ok for (_, h), ok in zip(then, choices))
+    return any(digest([(part, h) for (part, _), h in zip(now, pick)]) == recorded
+               for pick in itertools.product(*choices))
 
 
 def legacy_version_of(tree: Path) -> str:
@@ -305,12 +357,46 @@ def register_legacy(tree: Path, note: str, declared: str | None = None, file: Pa
     return version
 
 
+def declare_same(tree: Path, note: str, declared: str, file: Path = LEGACY_FILE, current: Path = REPO_ROOT) -> list[str]:
+    """Declare that the changes from ``tree`` (a checkout before them) to ``current`` move no number: for
+    each part whose hash differs (and exists in both), record ``tree``'s hash as the same as ``current``'s,
+    with ``note`` (which tree) and ``declared`` (why: the proof). Returns the parts declared."""
+    if not declared.strip():
+        raise SystemExit("declare-same needs WHY: which regression references and equivalence tests passed "
+                         "unchanged on this checkout")
+    old, now = Tree(tree).parts(), Tree(current).parts()
+    data = json.loads(file.read_text()) if file.exists() else {"versions": {}}
+    same = data.setdefault("same", {})
+    parts = [p for p in changed_parts(old, now) if lookup(old, p) is not None and lookup(now, p) is not None]
+    for part in parts:
+        same.setdefault(part, {})[lookup(old, part)] = {"same_as": lookup(now, part), "tree": note,
+                                                        "declared": declared}
+    file.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return parts
+
+
+def lookup(parts: dict[str, Any], part: str) -> str | None:
+    """The hash of ``part`` (``engine`` or ``kind:name``) in a tree's parts."""
+    if part == "engine":
+        return parts["engine"]
+    kind, name = part.split(":", 1)
+    return parts[kind].get(name)
+
+
 USAGE = """usage: python -m bench.code_version register-legacy TREE NOTE [WHY]
-  TREE: a checkout that wrote records with a legacy (whole-tree) code version; NOTE: which one it is;
-  WHY: declare that the changes from TREE to this checkout move no number (its records then count as
-  made with this checkout's parts); without WHY they keep TREE's own parts."""
+       python -m bench.code_version declare-same TREE NOTE WHY
+  register-legacy: TREE is a checkout that wrote records with a legacy (whole-tree) code version; NOTE:
+  which one it is; WHY: declare that the changes from TREE to this checkout move no number (its records
+  then count as made with this checkout's parts); without WHY they keep TREE's own parts.
+  declare-same: TREE is a checkout from before a change that moves no number (per-part versions); each
+  part that differs is declared the same as this checkout's, so TREE's records and checkpoints stay
+  current. WHY is the proof (which regression references and equivalence tests passed unchanged)."""
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (4, 5) or sys.argv[1] != "register-legacy":
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "register-legacy" and len(sys.argv) in (4, 5):
+        print(register_legacy(Path(sys.argv[2]).resolve(), sys.argv[3], *sys.argv[4:]))
+    elif command == "declare-same" and len(sys.argv) == 5:
+        print("declared the same:", ", ".join(declare_same(Path(sys.argv[2]).resolve(), *sys.argv[3:])) or "nothing differs")
+    else:
         sys.exit(USAGE)
-    print(register_legacy(Path(sys.argv[2]).resolve(), sys.argv[3], *sys.argv[4:]))

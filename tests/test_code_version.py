@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -15,6 +16,7 @@ from bench.code_version import (
     changed_parts,
     closure,
     combine,
+    declare_same,
     judge,
     legacy_version_of,
     legacy_versions,
@@ -186,3 +188,66 @@ def test_the_committed_migration_is_the_legacy_commit_declared_for_its_parts(tmp
     assert stamp == "c78d9d36c5aa" and LEGACY_COMMIT in entry["tree"]
     assert entry["changed_since_tree"] == changed_parts(Tree(tmp_path).parts(), entry)
     assert combine(entry, run_names(run("fedrs"))) is not None and LEGACY_FILE.name == "legacy_code_versions.json"
+
+
+def declarations(file):
+    return __import__("json").loads(file.read_text()).get("same", {})
+
+
+def test_a_declared_engine_refactor_keeps_records_current_until_an_undeclared_change(tmp_path):
+    wrote = copy_tree(tmp_path / "wrote")  # the tree that stamped the records
+    stamps = {m: Tree(wrote).version(run(m)) for m in ("fedrs", "fedavg")}
+    now = copy_tree(tmp_path / "now")
+    edit(now, "bench/aggregation.py", "from __future__ import annotations\n",
+         "from __future__ import annotations\nREFACTORED = 1\n")
+    assert not judge(stamps["fedrs"], run("fedrs"), {}, Tree(now))  # an engine edit stales every record
+    file = tmp_path / "legacy.json"
+    assert declare_same(wrote, "before the refactor", "regression references unchanged", file=file,
+                        current=now) == ["engine"]
+    same = declarations(file)
+    assert same["engine"][Tree(wrote).engine] == {"same_as": Tree(now).engine, "tree": "before the refactor",
+                                                  "declared": "regression references unchanged"}
+    assert all(judge(stamps[m], run(m), {}, Tree(now), same) for m in stamps)
+    assert judge(Tree(now).version(run("fedrs")), run("fedrs"), {}, Tree(now), same)  # new records too
+    edit(now, "lightning_modules/fedrs.py", "alpha: float = 0.5", "alpha: float = 0.25")
+    assert not judge(stamps["fedrs"], run("fedrs"), {}, Tree(now), same)  # FedRS's own change: not declared
+    assert judge(stamps["fedavg"], run("fedavg"), {}, Tree(now), same)
+    assert not judge(stamps["fedavg"], run("fedavg", "fashion-mnist"), {}, Tree(now), same)  # another run's stamp
+
+
+def test_declarations_chain_and_never_cover_a_later_undeclared_edit(tmp_path):
+    wrote = copy_tree(tmp_path / "wrote")
+    stamp = Tree(wrote).version(run("fedavg"))
+    middle = copy_tree(tmp_path / "middle")
+    edit(middle, "bench/aggregation.py", "from __future__ import annotations\n",
+         "from __future__ import annotations\nFIRST = 1\n")
+    file = tmp_path / "legacy.json"
+    declare_same(wrote, "first", "proof one", file=file, current=middle)
+    now = copy_tree(tmp_path / "now")
+    shutil.copy(middle / "bench/aggregation.py", now / "bench/aggregation.py")
+    edit(now, "bench/aggregation.py", "FIRST = 1\n", "FIRST = 1\nSECOND = 2\n")
+    assert not judge(stamp, run("fedavg"), {}, Tree(now), declarations(file))  # the second edit: undeclared
+    declare_same(middle, "second", "proof two", file=file, current=now)
+    assert judge(stamp, run("fedavg"), {}, Tree(now), declarations(file))  # wrote -> middle -> now
+
+
+def test_a_declaration_also_carries_legacy_records(tmp_path):
+    wrote = legacy_tree(tmp_path / "wrote")
+    file = tmp_path / "legacy.json"
+    stamp = register_legacy(wrote, "legacy", file=file)
+    now = copy_tree(tmp_path / "now")
+    edit(now, "bench/aggregation.py", "from __future__ import annotations\n",
+         "from __future__ import annotations\nREFACTORED = 1\n")
+    legacy = __import__("json").loads(file.read_text())["versions"]
+    assert not judge(stamp, run("fedavg"), legacy, Tree(now))
+    declare_same(copy_tree(tmp_path / "before"), "before", "a refactor", file=file, current=now)
+    assert judge(stamp, run("fedavg"), legacy, Tree(now), declarations(file))
+
+
+def test_declare_same_needs_a_reason_and_the_command_says_how(tmp_path):
+    with pytest.raises(SystemExit, match="needs WHY"):
+        declare_same(tmp_path, "note", "  ", file=tmp_path / "x.json")
+    assert not (tmp_path / "x.json").exists()
+    out = subprocess.run([sys.executable, "-m", "bench.code_version", "declare-same", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "declare-same TREE NOTE WHY" in out.stderr
