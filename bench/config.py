@@ -189,6 +189,11 @@ class RunConfig:
         fold = "" if self.data.fold is None else f"_fold{self.data.fold}of{self.data.folds}"
         return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}{fold}"
 
+    def scored_protocol(self, method_protocol: str, runs_centrally: bool) -> str:
+        """What the run is scored on (the one rule; bench/reporting/protocols.py explains the protocols): the
+        global model for a method trained centrally; else ``fed.protocol`` when set, else the method's own."""
+        return "global" if runs_centrally else self.fed.protocol or method_protocol
+
     def to_dict(self) -> dict[str, Any]:
         """``dataclasses.asdict(self)``, for the shape a RunConfig has (option groups of plain values), in a
         fraction of its time (a table plan computes thousands of record names)."""

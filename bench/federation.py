@@ -46,9 +46,8 @@ def loss_upload(losses: list, device) -> torch.Tensor:
 
 
 def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
-    """What a run evaluates (bench/reporting/protocols.py): ``fed.protocol`` when set, else the
-    method's own."""
-    return cfg.fed.protocol or module.protocol
+    """What a run evaluates (RunConfig.scored_protocol)."""
+    return cfg.scored_protocol(module.protocol, module.runs_centrally)
 
 
 def lr_for_round(cfg: RunConfig, round_idx: int) -> float:

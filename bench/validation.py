@@ -136,7 +136,7 @@ def check_protocol(cfg: RunConfig) -> None:
     if cls.runs_centrally and cfg.fed.protocol not in (None, "global"):
         raise FedbenchError(f"{cfg.method.name!r} trains one model on the pooled data: fed.protocol "
                             f"{cfg.fed.protocol!r} does not apply (leave it unset).")
-    protocol = "global" if cls.runs_centrally else cfg.fed.protocol or cls.protocol
+    protocol = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
     if cfg.data.val_fraction == 0 and protocol != "per_client":
         raise FedbenchError(f"data.val_fraction 0 leaves no validation split, which the {protocol!r} protocol of "
                             f"{cfg.method.name!r} uses: set it in (0, 1), or score the run per client "

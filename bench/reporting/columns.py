@@ -43,6 +43,8 @@ _PATTERNS = (
     (re.compile(r"^shards-(\d+)$"), "shards"),
     (re.compile(r"^(iid|natural|none|average)$"), "plain"),
 )
+# partition schemes drawn with a concentration (partition.beta) -> their column kind
+CONCENTRATION_KINDS = {"dirichlet": "dirichlet", "dirichlet_missing": "dirichlet-classwise", "lda": "lda"}
 KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "dirichlet-classwise-file", "lda-<alpha>",
          "shards-<s>", "iid", "natural", "none", "average")
 
@@ -98,6 +100,39 @@ def parse_column(text: str) -> Column:
             return Column(text, "average", "average", derived=True)
         return Column(text, name, name, {"scheme": name})
     raise FedbenchError(f"Unknown column {text!r}; columns are partition settings: {', '.join(KINDS)}.")
+
+
+def run_column(partition: Any, client_split_file: Any = None) -> str:
+    """The column a run's partition belongs to, named as a table config names it (the one partition key:
+    W&B's ``partition_key``, and through ``paper_partition`` the papers'): ``dirichlet-0.05``,
+    ``dirichlet-classwise-0.3``, ``dirichlet-classwise-file`` (a published split read from a file),
+    ``lda-0.1``, ``shards-2``, ``iid``, ``natural``; another scheme by its name. ``partition``: a
+    PartitionConfig or a config's partition mapping (a missing beta: the scheme's column kind)."""
+    get = partition.get if isinstance(partition, dict) else lambda key, default=None: getattr(partition, key, default)
+    scheme, beta = get("scheme"), get("beta")
+    if client_split_file:
+        return "dirichlet-classwise-file"
+    if scheme == "shards":
+        return f"shards-{get('shards_per_client', 2)}"
+    kind = CONCENTRATION_KINDS.get(scheme)
+    if kind is None:
+        return scheme
+    return kind if beta is None else f"{kind}-{beta:g}"
+
+
+def column_of(column_id: str) -> Column | None:
+    """The Column a run's column id names, or None for a partition no column kind names (proportions)."""
+    try:
+        return parse_column(column_id)
+    except FedbenchError:
+        return None
+
+
+def paper_partition(column_id: str) -> str:
+    """The papers' partition key of a run's column (``dirichlet-classwise-0.3`` -> ``dirichlet-classwise``:
+    the papers do not print that beta); a partition no column names keeps its own name."""
+    column = column_of(column_id)
+    return column_id if column is None else column.paper_partition
 
 
 def beta_column(beta: float, scheme: str, shards_per_client: int = 2) -> Column:

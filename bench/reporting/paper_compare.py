@@ -82,13 +82,15 @@ def check_row_refs(spec: dict, row: dict, where: str) -> None:
 
 def own_partition_key(partition: dict[str, Any]) -> str | None:
     """The papers' partition key of a row's own partition: ``none`` for one client (centralised),
-    else its iid / shards / natural setting (None for none of these)."""
+    else its column's when it is drawn without a concentration (iid, natural, shards-<s>); None otherwise."""
+    from bench.reporting.columns import CONCENTRATION_KINDS, column_of, run_column
+
     if partition.get("num_clients") == 1:
         return "none"
-    scheme = partition.get("scheme")
-    if scheme == "shards":
-        return f"shards-{partition.get('shards_per_client', 2)}"
-    return scheme if scheme in ("iid", "natural") else None
+    if not partition.get("scheme") or partition["scheme"] in CONCENTRATION_KINDS:
+        return None
+    column = column_of(run_column(partition))
+    return None if column is None or column.derived else column.paper_partition
 
 
 @dataclass

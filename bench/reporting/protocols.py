@@ -173,19 +173,10 @@ def default_round_rule(eval_protocol: str, table_rule: str | None) -> str:
 
 
 def partition_key(cfg) -> str:
-    """A run's partition as the papers' partition key (bench/reporting/columns.py names them)."""
-    p = cfg.partition
-    if getattr(cfg.data, "client_split_file", None):
-        return "dirichlet-classwise"  # FedNPR's published class-wise Dirichlet split, read from its file
-    if p.scheme == "dirichlet":
-        return f"dirichlet-{p.beta:g}"
-    if p.scheme == "dirichlet_missing":
-        return "dirichlet-classwise"  # the papers do not print its beta
-    if p.scheme == "lda":
-        return f"lda-{p.beta:g}"
-    if p.scheme == "shards":
-        return f"shards-{p.shards_per_client}"
-    return p.scheme  # iid, natural, proportions
+    """A run's partition as the papers' partition key: its column's (bench/reporting/columns.py)."""
+    from bench.reporting.columns import paper_partition, run_column
+
+    return paper_partition(run_column(cfg.partition, getattr(cfg.data, "client_split_file", None)))
 
 
 def run_setup(cfg, centrally: bool) -> dict[str, Any]:
@@ -213,10 +204,7 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
     from bench.reporting.catalog import method_traits  # the method is not imported: no torch for coverage
 
     protocol, runs_centrally = method_traits(cfg.method.name)
-    if runs_centrally:
-        eval_protocol = "global"
-    else:
-        eval_protocol = getattr(cfg.fed, "protocol", None) or protocol
+    eval_protocol = cfg.scored_protocol(protocol, runs_centrally)
     rule = row.get("round_rule") or default_round_rule(eval_protocol, spec.get("round_rule"))
     if rule not in ROUND_RULES:
         raise FedbenchError(f"{where}: unknown round_rule {rule!r}; choose one of {', '.join(ROUND_RULES)}.")

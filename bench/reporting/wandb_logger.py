@@ -142,13 +142,11 @@ def exit_code(path: Path) -> int | None:
 
 
 def partition_key(cfg) -> str:
-    """The partition as a table column names it: dirichlet-0.05, shards-2, iid, ..."""
-    p = cfg.partition
-    if p.scheme in ("dirichlet", "dirichlet_missing", "lda"):
-        return f"{p.scheme}-{p.beta:g}"
-    if p.scheme == "shards":
-        return f"shards-{p.shards_per_client}"
-    return p.scheme
+    """The partition as a table column names it: dirichlet-0.05, dirichlet-classwise-0.3, shards-2, iid, ...
+    (bench/reporting/columns.py's run_column, the one partition key)."""
+    from bench.reporting.columns import run_column
+
+    return run_column(cfg.partition, cfg.data.client_split_file)
 
 
 def run_identity(cfg, table: str | None = None, row: str | None = None, round_rule: str | None = None,
@@ -162,11 +160,14 @@ def run_identity(cfg, table: str | None = None, row: str | None = None, round_ru
     from lightning_modules.base import METHODS
 
     cls = METHODS.get(cfg.method.name)
-    protocol = "global" if cls.runs_centrally else (cfg.fed.protocol or cls.protocol)
-    p = cfg.partition
+    protocol = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
+    from bench.reporting.columns import column_of
+
+    key = partition_key(cfg)
+    column = column_of(key)
     return {"table": table or cfg.experiment, "row": row or cfg.method.name,
-            "dataset": cfg.data.name, "partition_key": partition_key(cfg),
-            "beta": p.beta if p.scheme in ("dirichlet", "dirichlet_missing", "lda") else None, "seed": cfg.seed,
+            "dataset": cfg.data.name, "partition_key": key,
+            "beta": None if column is None else column.beta, "seed": cfg.seed,
             "protocol": protocol, "round_rule": round_rule or default_round_rule(protocol, None),
             "overridden": overridden}
 
