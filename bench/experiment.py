@@ -551,7 +551,7 @@ def build_record(run: Prepared, fed: Federation, protocol: str, history: list[di
         record["resumed"] = resumed
         if resumed.get("forced_differences"):
             record["resumed_with_force"] = resumed["forced_differences"]
-    record["warnings"] = run.idle + collapse_warnings(record, getattr(module, "trains", True))
+    record["warnings"] = run.idle + collapse_warnings(record, module.trains)
     return record
 
 

@@ -33,7 +33,7 @@ def method_trains(name: str) -> bool:
     whose constant prediction is its zero-shot answer, not a collapse)."""
     from lightning_modules.base import METHODS
 
-    return bool(getattr(METHODS.get(name), "trains", True))
+    return METHODS.get(name).trains
 
 
 def single_class(entry: dict) -> bool:

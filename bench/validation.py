@@ -55,7 +55,7 @@ def option_sources(cls: type) -> list:
     """Where a method's options are declared, most specific first: its classes' constructors (subclass
     first), then its objective terms' (``objective_terms``, e.g. NPR's)."""
     classes = [k.__init__ for k in cls.__mro__ if isinstance(k, type) and issubclass(k, FederatedModule)]
-    return classes + list(getattr(cls, "objective_terms", ()))
+    return classes + list(cls.objective_terms)
 
 
 def method_signature(cls: type) -> dict[str, inspect.Parameter]:
@@ -65,7 +65,7 @@ def method_signature(cls: type) -> dict[str, inspect.Parameter]:
         for p in inspect.signature(source).parameters.values():
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 params.setdefault(p.name, p)
-    for key, default in getattr(cls, "term_defaults", {}).items():  # a composed method's own defaults
+    for key, default in cls.term_defaults.items():  # a composed method's own defaults
         params[key] = params[key].replace(default=default)
     return params
 

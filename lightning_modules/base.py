@@ -291,6 +291,9 @@ class FederatedModule(L.LightningModule):
       runs_centrally     trained as one client holding the pooled data (bench/central.py)
       keeps_client_state writes ``ctx.state`` (control variates, a previous model, prototypes): each
                          client then trains on the rank that keeps its state (rank c % N)
+      trains             False: nothing is ever trained (zero-shot CLIP), so a constant prediction is
+                         its answer, never a collapse (bench/health.py)
+      adam_eps           Adam's eps when method.optimizer is adam/adamw (torch's 1e-8; CLIP's 1e-6)
     Methods that read class prompts set ``prompt_info`` (the concepts and templates used, where they
     came from); the run record keeps it.
     """
@@ -303,6 +306,8 @@ class FederatedModule(L.LightningModule):
     keeps_client_state: ClassVar[bool] = False
     objective_terms: ClassVar[tuple[type[ObjectiveTerm], ...]] = ()
     term_defaults: ClassVar[dict[str, Any]] = {}  # this method's defaults of its terms' options
+    trains: ClassVar[bool] = True
+    adam_eps: float = 1e-8
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -427,7 +432,7 @@ class FederatedModule(L.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         if hp.optimizer == "sgd":
             return torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        eps = getattr(self, "adam_eps", 1e-8)  # torch's default; the CLIP methods set CLIP fine-tuning's 1e-6
+        eps = self.adam_eps
         if hp.optimizer == "adam":
             return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), eps=eps, weight_decay=hp.weight_decay)
         if hp.optimizer == "adamw":
