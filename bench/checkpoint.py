@@ -36,7 +36,7 @@ from bench.code_version import code_version, same_code
 from bench.config import RunConfig, config_differences, result_config
 from bench.core.atomic_io import atomic_torch_save
 from bench.core.errors import FedbenchError, first_line
-from bench.liveness import other_rank_error, post_rank_error, waiting_on
+from bench.liveness import barrier, other_rank_error, post_rank_error, waiting_on
 
 FORMAT = 2
 KEEP = 2  # complete checkpoints kept: the newest and one to fall back to
@@ -126,8 +126,7 @@ class Checkpointer:
         return every > 0 and ((r + 1) % every == 0 or r + 1 == self.cfg.fed.rounds)
 
     def barrier(self) -> None:
-        with waiting_on(self.fabric, "the checkpoint barrier"):
-            self.fabric.barrier()
+        barrier(self.fabric, "the checkpoint barrier")
 
     def save(self, r: int, snapshot: dict, clients: dict[int, dict]) -> None:
         """Write round ``r``'s checkpoint into round_<r>.tmp, then publish it as round_<r> once every rank

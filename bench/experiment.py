@@ -31,6 +31,7 @@ from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.lifetime import wait_for_children
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
+from bench.core.ranks import run_scope, set_ranks
 from bench.core.seeding import INIT, derive_seed
 from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings, idle_option_warnings
@@ -39,6 +40,7 @@ from bench.liveness import (
     collective_timeout,
     launch_timeout,
     nccl_error_handling,
+    run_ranks,
     waiting_on,
 )
 from bench.partition_plot import plot_partition
@@ -472,6 +474,7 @@ def module_on_device(cfg: RunConfig, dm: FederatedDataModule, fabric: Fabric) ->
     """(module, (train, val, test) as the rounds see them, idle-option warnings): the module built, warned
     about options that never act (printed now, by rank 0), moved to the device in the run's precision with
     its speed options, and the splits on the device through the module's ``prepare_splits``."""
+    set_ranks(run_ranks(fabric))  # what the method sees of the ranks (bench/core/ranks.py), for this run
     module = build_module(cfg, dm)
     idle = idle_option_warnings(cfg, module)
     if fabric.global_rank == 0:
@@ -587,6 +590,12 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
     the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
     entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
     apply_allocator_policy()  # once per process; a no-op when the CLI did it
+    with run_scope():
+        return run_in_scope(cfg, fabric, observer, annotations)
+
+
+def run_in_scope(cfg: RunConfig, fabric: Fabric | None, observer: RunObserver | None,
+                 annotations: dict[str, Any] | None) -> dict[str, Any]:
     usage_at_start = process_usage()
     started = time.time()
     run = prepare_run(cfg, fabric)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from bench.core import compat
 from bench.core.errors import FedbenchError, first_line
+from bench.core.ranks import Ranks
 
 SETUP_MINUTES = 60.0  # process-group start-up and rank 0's first decode of a dataset
 WAIT_FOREVER_MINUTES = 7 * 24 * 60.0  # other ranks wait while rank 0 trains a central run alone
@@ -98,6 +99,17 @@ def _absent(store, rank: int, world: int, token: str) -> list[int]:
     except Exception:  # noqa: BLE001 (rank 0, who holds the store, may be the one that died)
         return []
     return out
+
+
+def barrier(fabric, what: str) -> None:
+    """Every rank waits here for the others, under the run's timeout (a rank that never arrives is named)."""
+    with waiting_on(fabric, what):
+        fabric.barrier()
+
+
+def run_ranks(fabric) -> Ranks:
+    """The run's ranks as its method sees them (bench/core/ranks.py), with this module's barrier."""
+    return Ranks(fabric.global_rank, fabric.world_size, lambda what: barrier(fabric, what))
 
 
 @contextmanager

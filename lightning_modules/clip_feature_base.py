@@ -12,19 +12,17 @@ deliberately not an ``nn.Module``; the backbone is an ``nn.Identity`` whose widt
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.paths import DEFAULT_CACHE_DIR
+from bench.core.ranks import current_ranks
 from lightning_modules.base import FederatedModule
 from lightning_modules.components import prompts as prompt_sets
 from lightning_modules.components.clip_models import OFFLINE_CLIP, FrozenClip, describe_weights, load_clip
@@ -41,18 +39,6 @@ def shared_clip(name: str, cache_dir: str | None = None) -> FrozenClip:
     if key not in _LOADED:
         _LOADED[key] = load_clip(name, cache_dir=cache_dir)
     return _LOADED[key]
-
-
-@contextlib.contextmanager
-def rank_zero_first() -> Iterator[None]:
-    """Rank 0 fills the feature cache first; the other ranks then read it (one encode per machine)."""
-    ranked = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    rank = dist.get_rank() if ranked else 0
-    if ranked and rank != 0:
-        dist.barrier()
-    yield
-    if ranked and rank == 0:
-        dist.barrier()
 
 
 class ClipFeatureModule(FederatedModule):
@@ -115,7 +101,7 @@ class ClipFeatureModule(FederatedModule):
     def class_text_features(self) -> torch.Tensor:
         """Raw (un-normalised) text features [K, D] of the class prompts, encoded once and cached."""
         if self._text_init is None:
-            with rank_zero_first():
+            with current_ranks().rank_zero_first("rank 0 filling the CLIP text feature cache"):
                 feats = cached_text_features(self.frozen_clip, self.clip_name, self.class_prompts(),
                                              self.feature_cache_dir)
             self._text_init = feats.float().cpu()
@@ -138,13 +124,14 @@ class ClipFeatureModule(FederatedModule):
             return split
         device = split.images.device
         clip = self.frozen_clip.to(device)
-        progress = (not dist.is_initialized() or dist.get_rank() == 0) and len(split.images) > 20000
+        progress = current_ranks().is_main and len(split.images) > 20000
         feats = cached_image_features(clip, self.clip_name, split.images, self.feature_cache_dir, progress=progress,
                                       origin=split.origin)
         # in the run's precision (the normalisation's dtype: float32, or float64 under 64-true)
         return DeviceData(feats.to(device, split.mean.dtype), split.labels, split.mean, split.std)
 
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
-        with rank_zero_first():
+        # rank 0 fills the feature cache first; the other ranks then read it (one encode per machine)
+        with current_ranks().rank_zero_first("rank 0 filling the CLIP image feature cache"):
             return self.encode_split(train), self.encode_split(val), self.encode_split(test)
 

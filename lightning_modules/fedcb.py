@@ -39,8 +39,8 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import DEFAULT_CACHE_DIR
+from bench.core.ranks import current_ranks
 from lightning_modules.base import METHODS, FederatedModule
-from lightning_modules.clip_feature_base import rank_zero_first
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.components.lkcc import (
     embedding_average_logits,
@@ -112,7 +112,7 @@ def concept_distribution(cp: ClassPrompts, text_encoder: str, prompt_fraction: f
     Rank 0 encodes (or reads the disk cache) first, the other ranks then read the same cache
     file, so every rank holds bit-identical embeddings."""
     grid = cp.grid(prompt_fraction)
-    with rank_zero_first():
+    with current_ranks().rank_zero_first("rank 0 encoding the class prompts"):
         embeddings = class_prompt_embeddings(text_encoder, grid, cache_dir)
     return ConceptDistribution.from_embeddings(embeddings.float())
 

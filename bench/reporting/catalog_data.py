@@ -111,7 +111,7 @@ CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                                                'skin-cancer'],
                               'module': 'datamodules.class_folder',
                               'needs_root': False}},
- 'digest': '87e5742b682009f2ba1a128ca4c8dd271f0dec2a',
+ 'digest': 'a3464d152f7b062d0c54004d379426d1739f1551',
  'methods': {'balancefl': {'description': 'BalanceFL (Shuai et al., "BalanceFL: Addressing Class Imbalance in '
                                           'Long-Tail Federated Learning", IPSN ...',
                            'module': 'lightning_modules.balancefl',
