@@ -53,6 +53,7 @@ from lightning_modules.base import METHODS, ClientContext, Objective
 from lightning_modules.clip_feature_base import ClipFeatureModule
 from lightning_modules.components.clip_heads import zero_shot_head
 from lightning_modules.components.fst_cbdg import (
+    SigmaTracker,
     class_balanced_counts,
     estimate_sigma,
     sample_text_features,
@@ -113,12 +114,20 @@ class FstCbdg(ClipFeatureModule):
             ctx.state["q"] = self.zero_shot_probs(ctx.data.images[ctx.indices]).detach()
         return ctx.state["q"]
 
-    def client_sigma(self, ctx: ClientContext, pseudo: torch.Tensor) -> float:
+    def client_sigma(self, ctx: ClientContext, pseudo: torch.Tensor, tracker: SigmaTracker | None = None) -> float:
         if self.sigma != "auto":
             return float(self.sigma)
+        if tracker is not None:  # the same value, kept up to date a batch at a time
+            return tracker.sigma()
         return estimate_sigma(ctx.data.images[ctx.indices], self.text_features, pseudo)
 
-    def synthetic_pool(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def sigma_tracker(self, ctx: ClientContext) -> SigmaTracker | None:
+        """For sigma ``auto``: the client's estimate_sigma, updated per batch (a local update's features are fixed)."""
+        if self.sigma != "auto" or not self.tsamp_weight:
+            return None
+        return SigmaTracker(ctx.data.images[ctx.indices], self.text_features, self.soft_labels(ctx).argmax(dim=1))
+
+    def synthetic_pool(self, ctx: ClientContext, tracker: SigmaTracker | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Eqs. 5 and 7 from the client's current pseudo-labels (argmax q), drawn from ctx.generator
         (features grouped by class in label order)."""
         pseudo = self.soft_labels(ctx).argmax(dim=1)
@@ -126,7 +135,7 @@ class FstCbdg(ClipFeatureModule):
             counts = torch.full((self.num_classes,), round(len(pseudo) / self.num_classes), dtype=torch.long)
         else:
             counts = class_balanced_counts(torch.bincount(pseudo, minlength=self.num_classes), self.gamma)
-        sigma = self.client_sigma(ctx, pseudo)
+        sigma = self.client_sigma(ctx, pseudo, tracker)
         return sample_text_features(self.normalized_text(), counts, sigma, ctx.generator)
 
     def client_batches(self, ctx: ClientContext) -> SelfTrainingBatches:
@@ -135,6 +144,7 @@ class FstCbdg(ClipFeatureModule):
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         q = self.soft_labels(ctx)
+        tracker = self.sigma_tracker(ctx)
 
         def loss(batch):
             x, rows = batch
@@ -145,7 +155,9 @@ class FstCbdg(ClipFeatureModule):
             if self.ist_weight != 1.0:
                 total = self.ist_weight * total
             if self.tsamp_weight:
-                z, z_labels = self.synthetic_pool(ctx)  # Eqs. 5 and 7 from the updated q (Algorithm 1, 14-17)
+                if tracker is not None:
+                    tracker.update(rows, q[rows].argmax(dim=1))
+                z, z_labels = self.synthetic_pool(ctx, tracker)  # Eqs. 5 and 7 from the updated q (Algorithm 1, 14-17)
                 total = total + self.tsamp_weight * text_sampling_loss(self.head, z, z_labels)  # Eq. 6, a sum
             return total
 

@@ -279,3 +279,24 @@ def test_estimate_sigma_recovers_the_per_dimension_spread() -> None:
     labels = torch.randint(0, 4, (3000,), generator=gen)
     feats = text[labels] + 0.01 * torch.randn(3000, 256, generator=gen)
     assert estimate_sigma(feats, text, labels) == pytest.approx(0.01, rel=0.05)
+
+
+def test_sigma_tracker_keeps_the_bits_of_estimate_sigma_recomputed_every_batch() -> None:
+    """FST-CBDG's sigma 'auto' after each batch's pseudo-label change: updating only the batch's rows gives
+    exactly (==) what the formula over all n features gives (the formula as estimate_sigma had it)."""
+    from lightning_modules.components.fst_cbdg import SigmaTracker
+
+    def from_scratch(feats, text, labels):
+        img, txt = F.normalize(feats.float(), dim=-1), F.normalize(text.float(), dim=-1)
+        return math.sqrt(((img - txt[labels.long()]) ** 2).sum(dim=-1).mean().item() / img.shape[1])
+
+    gen = torch.Generator().manual_seed(7)
+    feats, text = torch.randn(1500, 512, generator=gen, dtype=torch.float64), torch.randn(10, 512, generator=gen)
+    labels = torch.randint(0, 10, (1500,), generator=gen)
+    tracker = SigmaTracker(feats, text, labels)
+    assert tracker.sigma() == from_scratch(feats, text, labels) == estimate_sigma(feats, text, labels)
+    for size in (32, 1, 7, 64, 2, 32, 500):
+        rows = torch.randperm(1500, generator=gen)[:size]
+        labels[rows] = torch.randint(0, 10, (size,), generator=gen)
+        tracker.update(rows, labels[rows])
+        assert tracker.sigma() == from_scratch(feats, text, labels)

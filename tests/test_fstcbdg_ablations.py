@@ -85,3 +85,15 @@ def test_tsamp_centralized_trains_one_client_on_the_pooled_unlabeled_data(clip_c
     assert [h["samples_trained"] for h in record["history"]] == [record["splits"]["train"]] * 2
     assert record["splits"]["val"] == 0 or "val/accuracy" not in record["history"][-1]["metrics"]
     assert set(state) == {"head.weight", "head.bias"}
+
+
+def test_sigma_auto_kept_per_batch_trains_the_bits_of_recomputing_it(clip_cfg, monkeypatch):  # noqa: F811
+    """The SigmaTracker path (sigma 'auto', the default) against estimate_sigma over all the client's features
+    at every batch (the code before it): the same final weights and metrics, bit for bit."""
+    from lightning_modules.fst_cbdg import FstCbdg
+
+    fast, fast_state = run_in_process(clip_cfg("fst-cbdg", experiment="tracked", **{"fed.rounds": 2}))
+    monkeypatch.setattr(FstCbdg, "sigma_tracker", lambda self, ctx: None)
+    slow, slow_state = run_in_process(clip_cfg("fst-cbdg", experiment="recomputed", **{"fed.rounds": 2}))
+    assert set(fast_state) == set(slow_state) and all(torch.equal(fast_state[k], slow_state[k]) for k in fast_state)
+    assert [h["metrics"] for h in fast["history"]] == [h["metrics"] for h in slow["history"]]

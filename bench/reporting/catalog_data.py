@@ -111,7 +111,7 @@ CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                                                'skin-cancer'],
                               'module': 'datamodules.class_folder',
                               'needs_root': False}},
- 'digest': 'a3464d152f7b062d0c54004d379426d1739f1551',
+ 'digest': 'afaa18af39214459792898ff9694a3e76e0bcece',
  'methods': {'balancefl': {'description': 'BalanceFL (Shuai et al., "BalanceFL: Addressing Class Imbalance in '
                                           'Long-Tail Federated Learning", IPSN ...',
                            'module': 'lightning_modules.balancefl',
