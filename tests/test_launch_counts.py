@@ -216,16 +216,18 @@ def test_proximal_loss_value_is_the_per_parameter_sum_within_rounding():
 # ---- MOON: its two reference backbones as one channel-stacked pass ---------------------------
 # measured (ops_per_step, CPU, torch 2.14): MOON 798 ops per step before (FedAvg + 247: two eval passes of
 # ResNet-18's backbone, 88 ops each, and the contrastive loss), 712 after (FedAvg + 161: one stacked pass,
-# 90 ops with the input's repeat and the output's split, and the same loss). The loss's forward and backward
-# take 71 of them: at most 80 (below) admits one backbone pass, never two
+# 90 ops with the input's repeat and the output's split, and the same loss). Beyond the one pass (88) that
+# leaves 73 (the loss's forward and backward 71, the repeat and the split): at most 80 (below) admits one
+# backbone pass, never two (the old code: 247 - 88 = 159)
 MOON_LOSS_OPS = 80
 
 
 def test_moons_step_runs_its_two_reference_backbones_as_one_pass():
     torch.manual_seed(0)
     module = Moon(num_classes=3, in_channels=3, backbone="resnet18")
+    reference, x = FrozenModel(module, module.state_dict()), torch.zeros(8, 3, 16, 16)
     with OpCounter() as one_pass:
-        FrozenModel(module, module.state_dict()).features(torch.zeros(8, 3, 16, 16))
+        reference.features(x)
     assert ops_per_step(Moon) - fedavg_ops_per_step() <= one_pass.total + MOON_LOSS_OPS
 
 
