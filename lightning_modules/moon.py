@@ -14,9 +14,6 @@ Choices:
 - The global and previous models run in eval mode without gradients (as MOON's code freezes
   them), from stored state tensors through ``torch.func.functional_call`` on the live modules:
   no model copies. Only the representation's state (backbone, projection) is stored per client.
-  Their two backbones run as one channel-stacked pass (``FrozenModels``, components/state.py: one
-  grouped convolution per layer instead of two; its weights are the two states concatenated once per
-  local update): a CNN backbone's step costs half the kernel launches of two passes.
 - A client taking part for the first time has no previous model; MOON's code then uses the
   initial model, identical to the global one at the first round, so l_con = log 2 with zero
   gradient: the term is skipped until the client has a previous model.
@@ -32,7 +29,7 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from lightning_modules.base import METHODS, ClientContext, FederatedModule, Objective, ObjectiveTerm, TermLoss
-from lightning_modules.components.state import FrozenModel, FrozenModels
+from lightning_modules.components.state import FrozenModel
 
 REPRESENTATION_PREFIXES = ("backbone", "projection")
 
@@ -120,16 +117,15 @@ class Moon(FederatedModule):
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         positive, negative = self.reference_models(ctx)
-        references = None if self.mu == 0 or negative is None else FrozenModels([positive, negative])
 
         def loss(batch):
             x, y = batch
             z = self.representation(x)
             ce = F.cross_entropy(self.head(z), y)
-            if references is None:
+            if self.mu == 0 or negative is None:
                 return ce
-            f_glob, f_prev = references.run("backbone", x)  # both reference backbones in one pass
-            z_glob, z_prev = positive.run("projection", f_glob), negative.run("projection", f_prev)
+            z_glob = positive.run("projection", positive.features(x))
+            z_prev = negative.run("projection", negative.features(x))
             return ce + self.mu * self.contrastive_loss(z, z_glob, z_prev)
 
         return loss
