@@ -40,7 +40,6 @@ from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
-from bench.core.registry import declared_names
 from bench.ports import launcher_pid
 from bench.reporting.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
@@ -85,16 +84,18 @@ def run_parser() -> ArgumentParser:
     return parser
 
 
-# options whose value is a registered name: (package, registry) whose source declares the names
-REGISTRY_OPTIONS = {"--method.name": ("lightning_modules", "METHODS"), "--data.name": ("datamodules", "DATASETS"),
-                    "--partition.scheme": ("datamodules.partitions", "PARTITION_SCHEMES")}
+# options whose value is a registered name -> the catalog's entries of that registry (bench/reporting/catalog.py)
+REGISTRY_OPTIONS = {"--method.name": "methods", "--data.name": "datasets", "--partition.scheme": "schemes"}
 
 
 def show_choices(parser: ArgumentParser) -> None:
-    """``--help`` of --method.name, --data.name and --partition.scheme lists the registered names (read from
-    the registering modules' source: no import of torch; a typo is refused with the closest name later)."""
-    for flag, (package, registry) in REGISTRY_OPTIONS.items():
-        parser._option_string_actions[flag].help = (f"one of: {', '.join(declared_names(package, registry))} "
+    """``--help`` of --method.name, --data.name and --partition.scheme lists the registered names (from the
+    catalog, as `fedbench list` does: no import of torch; a typo is refused with the closest name later)."""
+    from bench.reporting.catalog import load
+
+    entries = load()
+    for flag, key in REGISTRY_OPTIONS.items():
+        parser._option_string_actions[flag].help = (f"one of: {', '.join(sorted(entries[key]))} "
                                                     "(`fedbench list` says what each is)")
 
 

@@ -19,7 +19,7 @@ from conftest import REPO
 from bench.cli import COMMANDS, REGISTRY_OPTIONS, command_module, main, run_parser
 from bench.code_version import code_version
 from bench.core.atomic_io import write_json
-from bench.core.registry import declared_names
+from bench.reporting.catalog import load
 from bench.reporting.flags import hint_of
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import check_plan, load_table_config, plan_runs
@@ -164,12 +164,12 @@ def test_help_lists_the_registered_methods_datasets_and_schemes():
                         ("--partition.scheme", PARTITION_SCHEMES.names())):
         shown = f" one of: {', '.join(names)} (`fedbench list` says what each is)"
         assert re.search(rf"{re.escape(flag)} [A-Z]+{re.escape(shown)}", help_text), flag
-        assert declared_names(*REGISTRY_OPTIONS[flag]) == names  # the source scan finds what the registry holds
+        assert sorted(load()[REGISTRY_OPTIONS[flag]]) == names  # the catalog holds what the registry holds
 
 
 def test_the_parsers_and_the_choices_need_no_torch():
-    code = ("import sys; from bench.reporting.flags import CommandParser; from bench.core.registry import "
-            "declared_names; names = declared_names('lightning_modules', 'METHODS'); "
+    code = ("import sys; from bench.cli import run_parser; "
+            "names = run_parser().format_help(); "
             "assert 'fedavg' in names and 'torch' not in sys.modules and 'lightning' not in sys.modules, sorted(sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, check=False)

@@ -4,9 +4,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Generic, TypeVar
 
 from bench.core.errors import FedbenchError
@@ -71,20 +69,3 @@ def unknown_name(kind: str, name: str, names: list[str]) -> UnknownNameError:
     close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return UnknownNameError(f"Unknown {kind} {name!r}.{hint} Available: {', '.join(names)}.")
-
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def declared_names(package: str, registry: str) -> list[str]:
-    """The names registered with ``@<registry>.register("name")`` (or ``X = <registry>.register("name")(...)``)
-    at the top level of ``package``'s modules, read from their source without importing them (so that
-    ``--help`` can list a registry's choices without importing torch). Equal to ``Registry.names()`` for
-    fedbench's own registries (tests/test_cli_family.py)."""
-    pattern = re.compile(rf"^(?:@|\w+\s*=\s*){re.escape(registry)}\.register\(\s*[\"']([^\"']+)[\"']", re.MULTILINE)
-    folder = PROJECT_ROOT / package.replace(".", "/")
-    names = set()
-    for path in folder.glob("*.py"):
-        if not path.name.startswith("_"):
-            names |= set(pattern.findall(path.read_text(encoding="utf-8")))
-    return sorted(names)
