@@ -9,6 +9,7 @@ record there; without any record of the table the time is unknown and the plan s
 """
 from __future__ import annotations
 
+import heapq
 import json
 import statistics
 import warnings
@@ -79,10 +80,10 @@ def recorded_seconds(runs: list) -> dict[str, list[float]]:
     return out
 
 
-def estimate(lines: list[PlanLine], recorded: dict[str, list[float]]) -> tuple[float, int]:
-    """(estimated seconds of the runs that would run, how many of them have no basis for an estimate)."""
+def estimate(lines: list[PlanLine], recorded: dict[str, list[float]]) -> tuple[list[float], int]:
+    """(estimated seconds of each run that would run and has a basis, how many have no basis for one)."""
     every = [s for seconds in recorded.values() for s in seconds]
-    total, unknown = 0.0, 0
+    known, unknown = [], 0
     for line in (x for x in lines if x.runs):
         same = recorded.get(method_key(line.run.cfg.to_dict()))
         basis = line.seconds if line.seconds is not None else (
@@ -90,8 +91,17 @@ def estimate(lines: list[PlanLine], recorded: dict[str, list[float]]) -> tuple[f
         if basis is None:
             unknown += 1
         else:
-            total += basis
-    return total, unknown
+            known.append(basis)
+    return known, unknown
+
+
+def makespan(seconds: list[float], jobs: int) -> float:
+    """The wall time of runs taking ``seconds`` on ``jobs`` workers that each take the longest run left
+    (as `table --jobs` schedules them), every run at its own speed: never less than the longest run."""
+    workers = [0.0] * max(1, min(jobs, len(seconds)))
+    for s in sorted(seconds, reverse=True):
+        heapq.heapreplace(workers, workers[0] + s)
+    return max(workers)
 
 
 def duration(seconds: float) -> str:
@@ -105,14 +115,16 @@ def estimate_line(lines: list[PlanLine], jobs: int) -> str:
     if not todo:
         return "estimated time: none (every run has an up-to-date record; the table is only rendered)"
     recorded = recorded_seconds([line.run for line in lines])
-    seconds, unknown = estimate(lines, recorded)
+    known, unknown = estimate(lines, recorded)
+    seconds = sum(known)
     if unknown == todo:
         return ("estimated time: unknown (no record of this table's runs here to time them by; each record keeps "
                 "its wall time, so the plan estimates once one run has one)")
     text = f"estimated time: {duration(seconds)} for {todo - unknown} of the {todo} runs one after another"
     text += f" ({unknown} without any record of the table to time them by)" if unknown else ""
     if jobs > 1:
-        text += f"; with --jobs {jobs} about {duration(seconds / jobs)} if they share the cores evenly"
+        text += (f"; with --jobs {jobs} at least {duration(makespan(known, jobs))} (the longest runs first, each "
+                 "as fast as alone: more when the jobs share cores)")
     timed = sum(map(len, recorded.values()))
     return text + f" (from the wall time of {timed} record{'s' if timed != 1 else ''} of this table here)"
 
