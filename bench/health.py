@@ -31,10 +31,10 @@ def nonfinite_hint(precision: str, lr: float, optimizer: str) -> str:
     variance, e.g. identical or near-identical images at a 1x1 feature map (ResNet-18's layer3/layer4 at
     16 px), amplifies bf16 rounding by up to 1/sqrt(eps) in the backward pass; float32 is not affected."""
     if precision == "bf16-mixed":
-        return ("Under --precision bf16-mixed this is a known failure of bf16 autocast: a BatchNorm that sees a "
-                "batch of (near) zero variance, e.g. identical images at a 1x1 feature map (ResNet-18's last "
-                "blocks at images of 16-32 px), turns bf16 rounding into gradients of ~1/sqrt(eps) = 316. "
-                "Use --precision 32-true (or larger images).")
+        return ("Under --precision bf16-mixed the known cause is a BatchNorm that sees a batch of (near) zero "
+                "variance, e.g. identical images at a 1x1 feature map (ResNet-18's last blocks at 16-32 px): its "
+                "backward scales bf16 rounding errors by up to 1/sqrt(eps) = 316, which float32 does not suffer. "
+                "Use --precision 32-true (or larger, varied images).")
     return f"Lower method.lr (now {lr:g}, {optimizer})."
 
 

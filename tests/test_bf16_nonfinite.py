@@ -80,8 +80,8 @@ def test_a_client_model_gone_nan_names_the_bf16_cause_and_32_true_only_under_bf1
     assert "The model became NaN/inf after local training in round 0, client " in err
     assert "(backbone.body.4.weight) although the loss stayed finite." in err
     if precision == "bf16-mixed":
-        assert ("Under --precision bf16-mixed this is a known failure of bf16 autocast: a BatchNorm that sees a "
-                "batch of (near) zero variance") in err
+        assert ("Under --precision bf16-mixed the known cause is a BatchNorm that sees a batch of (near) zero "
+                "variance, e.g. identical images at a 1x1 feature map") in err
         assert BF16_ADVICE in err and "Lower method.lr" not in err
     else:
         assert "Lower method.lr (now 0.01, sgd)." in err and "bf16" not in err
