@@ -16,7 +16,7 @@ from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
 from bench.evaluation import eval_batch_size, evaluate_local, evaluate_sharded
-from bench.health import check_finite_state
+from bench.health import check_finite_state, nonfinite_hint
 from bench.liveness import other_rank_error, post_rank_error, set_round, waiting_on
 from bench.metrics import METRIC_NAMES, VAL_SCORES
 from bench.placement import assign_clients
@@ -220,6 +220,10 @@ class Federation:
         buf.add_extras({RANK_BUSY: busy, RANK_SAMPLES: samples})
         self.all_reduce_round(buf, r, error)
         busy_seconds, seen, train_loss, term_losses = self.apply_round(buf, keys, r)
+        # one sync a round: the aggregate and the server step (finite client models can still average or
+        # step into inf) must not carry NaN/inf into the next round, the record or a checkpoint
+        check_finite_state(self.global_state, f"after aggregation and the server step of round {r}",
+                           self.nonfinite_hint())
         log = RoundLog(r, sampled, lr_for_round(self.cfg, r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
@@ -230,6 +234,9 @@ class Federation:
             log.eval_seconds = time.perf_counter() - t
         log.round_seconds = time.perf_counter() - t0
         return log
+
+    def nonfinite_hint(self) -> str:
+        return nonfinite_hint(self.cfg.precision, self.cfg.method.lr, self.cfg.method.optimizer)
 
     def round_buffer(self, n_metrics: int) -> RoundBuffer:
         """The round's one buffer: shared state, the method's uploads, the per-client metrics table, each
@@ -252,7 +259,7 @@ class Federation:
                 t = time.perf_counter()
                 weight, extras, n, ctx = self.train_client(c, r)
                 check_finite_state(self.model_state, f"after local training in round {r}, client {c}",
-                                   f"Lower method.lr (now {self.cfg.method.lr:g}, {self.cfg.method.optimizer}).")
+                                   self.nonfinite_hint())
                 train_time += time.perf_counter() - t
                 seen += n
                 scores = self.client_eval(ctx)
