@@ -1,12 +1,17 @@
-"""Issue 42, item 4: why bf16-mixed sends layer4.0.conv1 of ResNet-18 astray on 16-px Kvasir-layout images.
+"""Issue 42, item 4: one mechanism by which bf16-mixed can send a convolution astray on degenerate batches.
 
-The fixtures' images are solid colours per class, so a non-iid client's batch can hold identical images;
-at 16 px, layer3's output (layer4.0.conv1's input) is 1x1. Then layer4.0.bn1 sees zero batch variance:
-its backward gives per-sample output gradients of size ~1/sqrt(eps) = 316 that sum to exactly zero over
-the batch, so conv1's weight gradient sum_n x_n (x) dh_n = x (x) sum_n dh_n is ~0 in float32. Under CPU
-bf16 autocast the convolution's backward works on bf16-rounded dh (8-bit mantissa, ~1 absolute error at
-316): the sum no longer cancels and the weight gradient is ~4e4 times float32's. Running the BatchNorm
-itself in float32 does not help (the rounding is in the convolution's backward). Measured below.
+The Kvasir-layout test fixtures are solid colours per class, so a non-iid client's batch can hold identical
+images; at 16 px, layer3's output (layer4.0.conv1's input) is 1x1. In this two-layer stand-in (a conv, then
+a BatchNorm) with identical inputs at 1x1 and random upstream gradients, the BatchNorm sees zero batch
+variance: its backward gives per-sample output gradients of size ~1/sqrt(eps) = 316 that sum to exactly
+zero over the batch, so conv1's weight gradient sum_n x_n (x) dh_n = x (x) sum_n dh_n is ~0 in float32.
+Under CPU bf16 autocast the convolution's backward works on bf16-rounded dh (8-bit mantissa, ~1 absolute
+error at 316): the sum no longer cancels and the weight gradient is ~4e4 times float32's. Running the
+BatchNorm itself in float32 does not help (the rounding is in the convolution's backward). Measured below.
+
+What this does NOT show: that it caused the NaN issue 42 reported. In a whole ResNet-18 on identical images
+every layer before layer4.0.conv1 is constant too and its gradient stayed exactly 0, and 9 end-to-end bf16
+runs on this CPU stayed finite (docs/speed.md); the reported NaN's cause is not established.
 """
 from __future__ import annotations
 

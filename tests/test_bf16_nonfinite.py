@@ -2,8 +2,8 @@
 
 The federation checks every client's model after its local training and, once a round, the aggregated global
 state after the server step (one isfinite reduction each, never per step). Under bf16-mixed the error names
-the known cause (a zero-variance BatchNorm batch amplifying bf16 rounding, tests/test_bf16_cause.py) and
---precision 32-true. Faults are injected here: a real bf16 run never went NaN in this issue's measurements.
+the one measured mechanism (a zero-variance BatchNorm batch amplifying bf16 rounding, tests/test_bf16_cause.py)
+as a likely cause and --precision 32-true. Faults are injected here: a real bf16 run never went NaN in this issue's measurements.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_client_model_gone_nan_names_the_bf16_cause_and_32_true_only_under_bf1
     assert "The model became NaN/inf after local training in round 0, client " in err
     assert "(backbone.body.4.weight) although the loss stayed finite." in err
     if precision == "bf16-mixed":
-        assert ("Under --precision bf16-mixed the known cause is a BatchNorm that sees a batch of (near) zero "
+        assert ("Under --precision bf16-mixed a likely cause is a BatchNorm that sees a batch of (near) zero "
                 "variance, e.g. identical images at a 1x1 feature map") in err
         assert BF16_ADVICE in err and "Lower method.lr" not in err
     else:
