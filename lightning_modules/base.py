@@ -185,7 +185,7 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
     ``losses`` (a ClientContext's): each step appends (loss x batch size, batch size), detached and on the
     device (no host sync), from which the orchestrator reports the round's training loss.
     """
-    nonfinite: torch.Tensor | None = None
+    step_losses: list[torch.Tensor] = []  # checked for NaN/inf once, at the end (no per-step check ops)
     scaler: torch.amp.GradScaler | None = None
     seen = 0
     for epoch in range(epochs):
@@ -194,10 +194,9 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
             optimizer.zero_grad(set_to_none=True)
             with autocast():
                 loss = objective(batch)
-            bad = ~torch.isfinite(loss.detach())
-            nonfinite = bad if nonfinite is None else nonfinite | bad
+            step_losses.append(loss.detach())
             if losses is not None:
-                losses.append((loss.detach() * len(batch[1]), len(batch[1])))
+                losses.append((step_losses[-1] * len(batch[1]), len(batch[1])))
             if scaler is None:
                 scaler = torch.amp.GradScaler(loss.device.type, enabled=loss_scaling)
             scaler.scale(loss).backward()
@@ -207,7 +206,7 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
             scaler.step(optimizer)  # skipped when the unscaled gradients hold inf/NaN
             scaler.update()
             seen += len(batch[1])
-    if nonfinite is not None and bool(nonfinite):
+    if step_losses and not bool(torch.isfinite(torch.stack(step_losses)).all()):
         raise NonFiniteLossError(
             f"The loss became NaN/inf {where}. Lower method.lr, check the data normalisation, "
             "or the method's hyperparameters."

@@ -99,7 +99,9 @@ def ops_per_step(cls, **kwargs) -> int:
 
 # measured (this file's ops_per_step, CPU, torch 2.14): FedAvg 551 ops per step; before the rewrite FedProx
 # 1117, FedDyn 861, Scaffold 613; after it FedProx 625 (its 62 parameters' gradient
-# accumulations are autograd's own), FedDyn 555, Scaffold 552; MOON 798, not rewritten (below)
+# accumulations are autograd's own), FedDyn 555, Scaffold 552; MOON 798, not rewritten (below). Since the loss
+# check moved out of the step (test_the_local_loop_adds_only_the_batch_conversion_to_a_bare_step): FedAvg 544,
+# FedProx 618, FedDyn 548, Scaffold 545, MOON 791
 @pytest.mark.parametrize("cls,kwargs,extra", [(FedProx, {"mu": 0.01}, 80), (FedDyn, {}, 8), (Scaffold, {}, 4)])
 def test_methods_extra_ops_per_step_do_not_grow_with_the_parameter_count(cls, kwargs, extra):
     """Over FedAvg's step, FedProx adds a few foreach ops plus one gradient accumulation per parameter;
@@ -209,7 +211,7 @@ def test_proximal_loss_value_is_the_per_parameter_sum_within_rounding():
 
 
 # ---- MOON: two reference passes per step, measured --------------------------------------------
-# measured (ops_per_step, CPU, torch 2.14): MOON 798 ops per step = FedAvg 551 + 247: two eval passes of
+# measured (ops_per_step, CPU, torch 2.14, before the loss check left the step): MOON 798 ops per step = FedAvg 551 + 247: two eval passes of
 # ResNet-18's backbone (the received and the previous model, 88 ops each) and the contrastive loss's forward
 # and backward (71). Tried and not kept (issue 42 item 3): the two backbones as one channel-stacked pass (grouped
 # convolutions over the two states concatenated once per local update) cut it to 712 (+161), with the same
@@ -228,3 +230,37 @@ def test_moons_step_adds_two_reference_backbone_passes_and_its_contrastive_loss(
     with OpCounter() as one_pass:
         reference.features(x)
     assert ops_per_step(Moon) - fedavg_ops_per_step() <= 2 * one_pass.total + MOON_LOSS_OPS
+
+
+def loop_ops_per_step(loop: str, backbone: str) -> collections.Counter:
+    """Aten ops of one step of loop_probe's fedbench or bare loop (epochs of 3 and 2 batches of 32, differenced)."""
+    from lightning.fabric import Fabric
+
+    from bench.reporting import loop_probe
+    from lightning_modules.base import FederatedModule
+
+    counts = []
+    for samples in (64, 96):
+        data, classes = loop_probe.synthetic_data(samples, 28)
+        torch.manual_seed(0)
+        module = FederatedModule(num_classes=classes, in_channels=1, backbone=backbone)
+        if loop == "bare":
+            x, y = data.to_float(slice(None))
+            epoch = functools.partial(loop_probe.bare_epoch, module, x, y, 32, 0)
+        else:
+            autocast = Fabric(accelerator="cpu", devices=1, precision="32-true").autocast
+            epoch = functools.partial(loop_probe.fedbench_epoch, module, data, 32, 0, autocast)
+        with OpCounter() as counter:
+            epoch()
+        counts.append(counter.ops)
+    return counts[1] - counts[0]
+
+
+@pytest.mark.parametrize("backbone", ["simple-cnn", "resnet18"])
+def test_the_local_loop_adds_only_the_batch_conversion_to_a_bare_step(backbone):
+    """Issue 42: fedbench's step is a bare PyTorch step plus the batch's uint8 -> normalised float conversion
+    (images are kept as uint8) and one detach of the loss; the non-finite-loss check runs once per local update.
+    Before, it took 6 more ops per step (isfinite and an or per step: 11 over the bare loop's 133 / 545)."""
+    extra = loop_ops_per_step("fedbench", backbone) - loop_ops_per_step("bare", backbone)
+    assert extra == collections.Counter({"aten.div_.Tensor": 2, "aten.sub_.Tensor": 1, "aten._to_copy.default": 1,
+                                         "aten.detach.default": 1})
