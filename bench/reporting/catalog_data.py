@@ -111,7 +111,7 @@ CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                                                'skin-cancer'],
                               'module': 'datamodules.class_folder',
                               'needs_root': False}},
- 'digest': 'afaa18af39214459792898ff9694a3e76e0bcece',
+ 'digest': '9446aec4b3d2c03944a9bac5b8269b47588756cd',
  'methods': {'balancefl': {'description': 'BalanceFL (Shuai et al., "BalanceFL: Addressing Class Imbalance in '
                                           'Long-Tail Federated Learning", IPSN ...',
                            'module': 'lightning_modules.balancefl',
