@@ -248,6 +248,6 @@ def test_declare_same_needs_a_reason_and_the_command_says_how(tmp_path):
     with pytest.raises(SystemExit, match="needs WHY"):
         declare_same(tmp_path, "note", "  ", file=tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
-    out = subprocess.run([sys.executable, "-m", "bench.code_version", "declare-same", str(tmp_path)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "bench.code_version", "declare-same", str(tmp_path)], cwd=REPO, check=False,
                          capture_output=True, text=True)
     assert out.returncode == 1 and "declare-same TREE NOTE WHY" in out.stderr
