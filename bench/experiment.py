@@ -37,6 +37,7 @@ from bench.federation import ClientSplit, Federation, eval_protocol
 from bench.health import collapse_warnings, idle_option_warnings
 from bench.liveness import (
     WAIT_FOREVER_MINUTES,
+    barrier,
     collective_timeout,
     launch_timeout,
     nccl_error_handling,
@@ -579,8 +580,7 @@ def write_outputs(run: Prepared, record: dict[str, Any]) -> None:
                                title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
             except OSError as err:
                 optional_output_failed(f"the partition heatmap {heatmap}", err)
-    with waiting_on(fabric, "rank 0 to write the record"):
-        fabric.barrier()
+    barrier(fabric, "rank 0 to write the record")
 
 
 def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunObserver | None = None,

@@ -20,6 +20,7 @@ from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.core.errors import FedbenchError
 from bench.experiment import RunObserver, round_scalars
+from bench.reporting.columns import column_of, run_column
 
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
 # the CSV's text columns (the others are numbers, or empty)
@@ -144,8 +145,6 @@ def exit_code(path: Path) -> int | None:
 def partition_key(cfg) -> str:
     """The partition as a table column names it: dirichlet-0.05, dirichlet-classwise-0.3, shards-2, iid, ...
     (bench/reporting/columns.py's run_column, the one partition key)."""
-    from bench.reporting.columns import run_column
-
     return run_column(cfg.partition, cfg.data.client_split_file)
 
 
@@ -161,8 +160,6 @@ def run_identity(cfg, table: str | None = None, row: str | None = None, round_ru
 
     cls = METHODS.get(cfg.method.name)
     protocol = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
-    from bench.reporting.columns import column_of
-
     key = partition_key(cfg)
     column = column_of(key)
     return {"table": table or cfg.experiment, "row": row or cfg.method.name,
