@@ -25,3 +25,29 @@ def test_the_table_projects_every_run_at_its_rows_cost_or_the_first_rows_and_div
     seconds, inferred = project(counts, {"FedAvg": 1100.0, "FedBM": 1800.0}, "FedAvg", speedup=4.0)
     assert seconds == pytest.approx((6 * 1100 + 6 * 1800 + 6 * 1100 + 3 * 1100) / 4.0)
     assert inferred == ["Central", "MOON"]
+
+
+def test_a_failed_mode_is_reported_and_the_others_still_measure_and_land_in_the_json(tmp_path, monkeypatch, capsys):
+    """gpu-bench on a GPU machine runs for minutes under a device budget: each measured setting is appended to
+    --json as it comes (a killed bench keeps what it measured), and a mode whose runs fail is reported in the
+    table (exit 1) without losing the other modes'."""
+    import json
+
+    from bench.reporting import gpu_bench
+
+    def measure(args, row, mode, k):
+        if mode == "fast":
+            raise SystemExit(f"gpu-bench: {row} under {mode} failed:\nCUDA error")
+        return [{"row": row, "mode": mode, "ms_per_step": 10.0 * (1 + 0.25 * (k > 1)), "run_seconds": 1000.0}] * k
+
+    monkeypatch.setattr(gpu_bench, "measure", measure)
+    monkeypatch.setattr(gpu_bench, "write_kvasir", lambda root, per_class: root)
+    out = tmp_path / "bench.jsonl"
+    assert gpu_bench.main(["--device", "cpu", "--modes", "fast,tf32", "--jobs", "1,4", "--json", str(out)]) == 1
+    printed = capsys.readouterr()
+    settings = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(s["mode"], s["jobs"]) for s in settings] == [("tf32", 1), ("tf32", 4)]
+    assert settings[1]["aggregate_steps_per_s"] == pytest.approx(4 * 80.0) and settings[1]["speedup"] == pytest.approx(3.2)
+    assert settings[1]["table_hours"] == pytest.approx(111 * 1000.0 / 3.2 / 3600)
+    assert "fast     FAILED: gpu-bench: FedAvg under fast failed:" in printed.out
+    assert "FedAvg under tf32, 4 at once: 320.0 steps/s" in printed.err

@@ -138,6 +138,32 @@ def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
     assert json.loads(Path(full_paths["json"]).read_text())["reduced"] is False
 
 
+def test_a_tf32_table_is_labelled_by_its_math_not_as_reduced_and_never_overwrites_the_full_one(tmp_path):
+    """--set gpu_math=tf32 runs the whole budget under another numeric setting (docs/gpu.md's fastest GPU
+    setting): its own records and table file beside the full one, titled by the setting, not 'REDUCED RUN';
+    adding a budget cut makes it a reduced run again."""
+    def render(ov, runs):
+        for run in runs:
+            write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
+        return render_table(ov.select(SPEC), runs, ov.tables_dir(str(tmp_path / "tables")), name=ov.table_name("table2_kvasir"),
+                            changes=ov.describe(SPEC), reduced=ov.reduced, title_note=ov.title_note())
+
+    full_paths = render(*planned(SPEC, out=str(tmp_path / "runs")))
+    full_md = Path(full_paths["md"]).read_text()
+    ov, runs = planned(SPEC, "gpu_math=tf32", out=str(tmp_path / "runs"))
+    assert not ov.reduced and not ov.full_budget and {r.cfg.gpu_math for r in runs} == {"tf32"}
+    assert {r.cfg.experiment for r in runs} == {ov.experiment("table2_kvasir")} != {"table2_kvasir"}
+    paths = render(ov, runs)
+    assert Path(full_paths["md"]).read_text() == full_md
+    assert Path(paths["md"]) == tmp_path / "tables" / "reduced" / "table2_kvasir__set-gpu_math=tf32.md"
+    md = Path(paths["md"]).read_text().splitlines()
+    assert md[0] == "# table2_kvasir — gpu_math=tf32, not the config's numeric settings"
+    assert md[2].startswith("**The config's budget under other numeric settings**") and md[3] == '- --set gpu_math="tf32"'
+    assert json.loads(Path(paths["json"]).read_text())["reduced"] is False
+    cut, _ = planned(SPEC, "gpu_math=tf32", "fed.rounds=1")
+    assert cut.reduced and cut.title_note() == " — REDUCED RUN, not the config's budget"
+
+
 def test_cli_records_carry_the_overrides_and_the_subset_reuses_nothing_it_should_not(tmp_path, monkeypatch, capsys):
     """--render-only through the real CLI: the reduced table is written under its own name; the
     records of an overridden table would live in their own experiment folder (none exist yet)."""

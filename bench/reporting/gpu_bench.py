@@ -129,30 +129,51 @@ def measure(args, row: str, mode: str, k: int) -> list[dict]:
 def bench(args, counts: Counter) -> list[dict]:
     """Every (mode, K) setting: ms per step, aggregate steps/s, speedup and the projected table hours of the
     table's distinct runs (``counts``: per row label)."""
-    rows, settings = args.rows.split(","), []
+    rows, settings, start = args.rows.split(","), [], time.perf_counter()
+
+    def progress(what: str) -> None:  # a line per measurement on stderr: the whole bench takes minutes
+        print(f"gpu-bench [{time.perf_counter() - start:5.0f} s] {what}", file=sys.stderr, flush=True)
+
     for mode in args.modes.split(","):
-        costs = {r["row"]: r for row in rows for r in measure(args, row, mode, 1)}
-        alone = 1e3 / costs[rows[0]]["ms_per_step"]
-        for k in sorted({1, *map(int, args.jobs.split(","))}):
-            runs = [costs[rows[0]]] if k == 1 else measure(args, rows[0], mode, k)
-            aggregate = sum(1e3 / r["ms_per_step"] for r in runs)
-            seconds, inferred = project(counts, {row: c["run_seconds"] for row, c in costs.items()}, rows[0],
-                                        aggregate / alone)
-            settings.append({"mode": mode, "jobs": k, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
-                             "aggregate_steps_per_s": aggregate, "speedup": aggregate / alone,
-                             "table_hours": seconds / 3600, "inferred_rows": len(inferred),
-                             "row_seconds": {row: round(c["run_seconds"], 1) for row, c in costs.items()}})
+        try:
+            costs = {}
+            for row in rows:
+                costs[row] = measure(args, row, mode, 1)[0]
+                progress(f"{row} under {mode}, alone: {costs[row]['ms_per_step']:.2f} ms per step")
+            alone = 1e3 / costs[rows[0]]["ms_per_step"]
+            for k in sorted({1, *map(int, args.jobs.split(","))}):
+                runs = [costs[rows[0]]] if k == 1 else measure(args, rows[0], mode, k)
+                aggregate = sum(1e3 / r["ms_per_step"] for r in runs)
+                seconds, inferred = project(counts, {row: c["run_seconds"] for row, c in costs.items()}, rows[0],
+                                            aggregate / alone)
+                settings.append({"mode": mode, "jobs": k, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
+                                 "aggregate_steps_per_s": aggregate, "speedup": aggregate / alone,
+                                 "table_hours": seconds / 3600, "inferred_rows": len(inferred),
+                                 "row_seconds": {row: round(c["run_seconds"], 1) for row, c in costs.items()}})
+                progress(f"{rows[0]} under {mode}, {k} at once: {aggregate:.1f} steps/s, table {seconds / 3600:.2f} h")
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(settings[-1]) + "\n")
+        except SystemExit as err:  # one mode's failure is reported; the other modes still run
+            progress(f"{mode}: {err}")
+            settings.append({"mode": mode, "error": str(err)})
     return settings
 
 
 def print_settings(settings: list[dict], counts_total: int, device: str) -> None:
     print(f"table2_kvasir: {counts_total} distinct runs, projected on {device}")
     print(f"{'gpu_math':<8} {'jobs':>4} {'ms/step (each run)':<28} {'steps/s':>8} {'speedup':>8} {'table hours':>12}")
-    for s in settings:
+    for s in (s for s in settings if "error" not in s):
         each = ", ".join(f"{v:g}" for v in s["ms_per_step"][:4]) + (" ..." if len(s["ms_per_step"]) > 4 else "")
         print(f"{s['mode']:<8} {s['jobs']:>4} {each:<28} {s['aggregate_steps_per_s']:>8.1f} {s['speedup']:>7.2f}x "
               f"{s['table_hours']:>11.2f}")
-    first = settings[0]
+    for s in settings:
+        if "error" in s:
+            print(f"{s['mode']:<8} FAILED: {s['error'].splitlines()[0]}")
+    measured = [s for s in settings if "error" not in s]
+    if not measured:
+        return
+    first = measured[0]
     print(f"per-run cost of the measured rows (s): {first['row_seconds']}; {first['inferred_rows']} rows inferred "
           "at the first row's cost")
 
@@ -167,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--per-class", type=int, default=500)
     p.add_argument("--max-test", type=int, default=None)
+    p.add_argument("--json", help="also append each measured setting to this file as a JSON line")
     p.add_argument("--tiny", action="store_true", help="16 px, 30 images per class, 2 rounds (the test suite's mode)")
     p.add_argument("--root", help=argparse.SUPPRESS)
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
@@ -195,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = bench(args, counts)
     print_settings(settings, sum(counts.values()), args.device)
     print(f"gpu-bench: {time.perf_counter() - start:.0f} s")
-    return 0
+    return 1 if any("error" in s for s in settings) else 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ RESERVED = {
 }
 # where the data is and how runs execute (bench/config.py's EXECUTION options): overriding these keeps the
 # table at the config's budget
+# Run options that change the arithmetic, not the budget: a table run with them is complete, but a result of
+# its own (written beside the config's table, never over it)
+NUMERIC_KEYS = frozenset({"gpu_math", "precision", "channels_last", "compile"})
 LOCATION_KEYS = frozenset({"data.root", *execution_keys(RunConfig),
                            *(f"{group}.{key}" for group, cls in OPTION_GROUPS.items() for key in execution_keys(cls))})
 
@@ -224,6 +227,21 @@ class TableOverrides:
     def full_budget(self) -> bool:
         return not self.budget_sets and self.seeds is None and self.rows is None and self.folds is None
 
+    @property
+    def reduced(self) -> bool:
+        """Less than the config's budget: fewer rounds, seeds, rows ... (not only another numeric setting)."""
+        return (any(k not in NUMERIC_KEYS for k in self.budget_sets) or self.seeds is not None
+                or self.rows is not None or self.folds is not None)
+
+    def title_note(self) -> str:
+        """What the rendered table's title adds: a reduced run, or the numeric settings it ran under instead of
+        the config's (``gpu_math=tf32``: the whole budget, but a result of its own)."""
+        if self.reduced:
+            return " — REDUCED RUN, not the config's budget"
+        numeric = {k: v for k, v in self.budget_sets.items() if k in NUMERIC_KEYS}
+        return (" — " + ", ".join(f"{k}={v}" for k, v in numeric.items()) + ", not the config's numeric settings"
+                if numeric else "")
+
     def select(self, spec: dict) -> dict:
         """A copy of the table config restricted to the chosen seeds and rows."""
         out = copy.deepcopy(spec)
@@ -316,8 +334,11 @@ class TableOverrides:
         if self.full_budget and not self.sets:
             return []
         lines = []
-        if not self.full_budget:
+        if self.reduced:
             lines.append("**Not run at the config's budget** (a reduced run: not comparable with the full table).")
+        elif not self.full_budget:
+            lines.append("**The config's budget under other numeric settings** (a result identity of its own, e.g. "
+                         "TF32 instead of float32: compare with the config's table as such).")
         for key, value in self.sets.items():
             rows = self.applied_to.get(key)
             where = f" (rows: {', '.join(rows)})" if rows is not None else ""

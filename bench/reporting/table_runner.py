@@ -407,7 +407,8 @@ def main(argv: list[str]) -> int:
                 return 0
     name = overrides.table_name(f"{spec['table']}_{spec['dataset']}")
     paths = render_table(fold_legend(spec), runs, overrides.tables_dir(args.tables_dir), name=name,
-                         changes=overrides.describe(full_spec), reduced=not overrides.full_budget,
+                         changes=overrides.describe(full_spec), reduced=overrides.reduced,
+                         title_note=overrides.title_note(),
                          replace=args.replace_table)
     print(Path(paths["md"]).read_text())
     print("written: " + ", ".join(str(p) for p in paths.values()))

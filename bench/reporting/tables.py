@@ -464,12 +464,12 @@ def keep_complete(json_path: Path, cells: dict) -> None:
 
 
 def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
-                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False,
+                 name: str | None = None, changes: list[str] | None = None, reduced: bool = False, title_note: str = "",
                  replace: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
     ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
     <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
-    config; ``reduced``: not the config's budget, which the title then says. A table already there is never
+    config; ``reduced``: not the config's budget, which the title then says (``title_note``: what it says instead). A table already there is never
     replaced by a less complete one (keep_complete) unless ``replace``."""
     name = plain_name(name or f"{spec['table']}_{spec['dataset']}", "the table's name", tables_dir)
     a = assemble(spec, runs, papers_root)
@@ -478,8 +478,8 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     grid = Grid(each=repeat_word(spec))
     grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
     grid_rows(grid, a.cells, a.labels, a.baseline)
-    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (" — REDUCED RUN, not the config's budget"
-                                                                      if reduced else "")
+    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (
+        title_note or (" — REDUCED RUN, not the config's budget" if reduced else ""))
     md = markdown(spec, runs, a, grid, title, changes)
     out_dir = Path(tables_dir)
     plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
