@@ -115,9 +115,11 @@ def run_subprocess(cfg, timeout: int = 1800) -> subprocess.CompletedProcess:
     return proc
 
 
+# A rank's own Python children (torch.compile's inductor starts `python -c` workers when its kernel cache is
+# cold) inherit LOCAL_RANK too: the rank hides the marks folder from them, so only the ranks are counted
 RANK_HOOK = """import os
 if os.environ.get("LOCAL_RANK", "0") != "0" and os.environ.get("FEDBENCH_TEST_RANK_MARKS"):
-    open(os.path.join(os.environ["FEDBENCH_TEST_RANK_MARKS"], f"rank{os.environ['LOCAL_RANK']}-{os.getpid()}"), "w").close()
+    open(os.path.join(os.environ.pop("FEDBENCH_TEST_RANK_MARKS"), f"rank{os.environ['LOCAL_RANK']}-{os.getpid()}"), "w").close()
 """
 
 
