@@ -28,6 +28,7 @@ from bench.config import PRECISION_DTYPES, RunConfig
 from bench.core import compat
 from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.batches import DeviceData
+from bench.core.cpu_bf16 import check_cpu_bf16
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.lifetime import wait_for_children
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
@@ -477,6 +478,7 @@ def module_on_device(cfg: RunConfig, dm: FederatedDataModule, fabric: Fabric) ->
     its speed options, and the splits on the device through the module's ``prepare_splits``."""
     set_ranks(run_ranks(fabric))  # what the method sees of the ranks (bench/core/ranks.py), for this run
     module = build_module(cfg, dm)
+    check_cpu_bf16(cfg.precision, fabric.device.type, module, module.features, tuple(dm.train.images.shape[1:]))
     idle = idle_option_warnings(cfg, module)
     if fabric.global_rank == 0:
         for warning in idle:  # at the start, so that a user can stop a run that cannot show what it should

@@ -26,14 +26,15 @@ def check_finite_state(state: dict[str, torch.Tensor], where: str, hint: str) ->
 
 
 def nonfinite_hint(precision: str, lr: float, optimizer: str) -> str:
-    """What to do about a model that became NaN/inf with a finite loss. Under bf16-mixed, the one mechanism
-    measured (tests/test_bf16_cause.py; the NaN issue 42 reported did not reproduce end to end, docs/speed.md):
-    a BatchNorm that normalises a batch with (near) zero variance, e.g. identical images at a 1x1 feature map,
-    scales bf16 rounding by up to 1/sqrt(eps) in the backward pass; float32 does not suffer it."""
+    """What to do about a model that became NaN/inf with a finite loss. Under bf16-mixed: the cause measured
+    for the NaN issue 42 reported (oneDNN's bf16 weight gradient of a padded convolution whose stride exceeds
+    its input, on AVX-512 CPUs) is refused before the rounds (bench/core/cpu_bf16.py), so what is left is
+    bf16's rounding, which a BatchNorm on a batch of (near) zero variance amplifies by up to 1/sqrt(eps)
+    (shown in a two-layer stand-in with oneDNN's AVX2 kernels, 2026-11-27); float32 suffers neither."""
     if precision == "bf16-mixed":
-        return ("Under --precision bf16-mixed a likely cause is a BatchNorm that sees a batch of (near) zero "
-                "variance, e.g. identical images at a 1x1 feature map (ResNet-18's last blocks at 16-32 px): its "
-                "backward scales bf16 rounding errors by up to 1/sqrt(eps) = 316, which float32 does not suffer. "
+        return ("Under --precision bf16-mixed a possible cause is bf16 rounding amplified by a BatchNorm that sees "
+                "a batch of (near) zero variance, e.g. identical images at a 1x1 feature map: its backward scales "
+                "the rounding errors by up to 1/sqrt(eps) = 316, which float32 does not suffer. "
                 "Use --precision 32-true (or larger, varied images).")
     return f"Lower method.lr (now {lr:g}, {optimizer})."
 
