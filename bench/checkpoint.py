@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from bench.code_version import code_version, same_code
-from bench.config import RunConfig, config_differences, result_config
+from bench.code_version import same_code
 from bench.core.atomic_io import atomic_torch_save
 from bench.core.errors import FedbenchError, first_line
 from bench.liveness import barrier, other_rank_error, post_rank_error, waiting_on
+from bench.round_plan import CheckpointPlan
 
 FORMAT = 2
 KEEP = 2  # complete checkpoints kept: the newest and one to fall back to
@@ -59,16 +59,24 @@ def attempt(write) -> OSError | None:
     return None
 
 
-def bound_config(cfg: RunConfig) -> dict[str, Any]:
-    """The config a checkpoint is bound to: what determines the numbers (result_config leaves out the
-    EXECUTION options: devices, folders, data.cache_dir, timeout, ...)."""
-    return json.loads(json.dumps(result_config(cfg.to_dict()), default=str))
+def binding(plan: CheckpointPlan, data_fingerprint: str) -> dict[str, Any]:
+    """What a checkpoint is bound to: the result-determining config, its hash, the code version and the data
+    files' fingerprint."""
+    digest = hashlib.sha256(json.dumps(plan.config, sort_keys=True).encode()).hexdigest()[:16]
+    return {"config": plan.config, "config_hash": digest, "code_version": plan.code_version, "data": data_fingerprint}
 
 
-def binding(cfg: RunConfig, data_fingerprint: str) -> dict[str, Any]:
-    config = bound_config(cfg)
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-    return {"config": config, "config_hash": digest, "code_version": code_version(cfg), "data": data_fingerprint}
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys whose values differ, as dotted paths with both values: ['method.lr: 0.01 -> 0.5']."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
 
 
 def binding_differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
@@ -94,12 +102,6 @@ def safe_load(path: Path, device) -> Any:
         raise Unusable(f"{path.name} {kind}: {first}") from None
 
 
-def checkpoint_folder(cfg: RunConfig) -> Path:
-    """A run's checkpoint folder: keyed like its record (``record_name``: run name + result identity), so
-    that two configurations of one run name (another lr, another number of rounds) never share one."""
-    return Path(cfg.checkpoint_dir) / cfg.experiment / cfg.record_name()
-
-
 def unfinished(snap: dict) -> bool:
     """Whether a checkpoint's run stopped before its last round (one a user would mean to resume)."""
     rounds = (((snap.get("binding") or {}).get("config") or {}).get("fed") or {}).get("rounds")
@@ -107,9 +109,9 @@ def unfinished(snap: dict) -> bool:
 
 
 class Checkpointer:
-    def __init__(self, cfg, fabric) -> None:
-        self.cfg, self.fabric = cfg, fabric
-        self.dir = checkpoint_folder(cfg)
+    def __init__(self, plan: CheckpointPlan, fabric) -> None:
+        self.plan, self.fabric = plan, fabric
+        self.dir = plan.folder
         self.data_fingerprint = ""  # set by run_experiment once the data is loaded
         self.session_start = time.time()
         self.prior_seconds = 0.0  # wall time of the sessions before a resume
@@ -122,8 +124,8 @@ class Checkpointer:
         return self.prior_seconds + time.time() - self.session_start
 
     def due(self, r: int) -> bool:
-        every = self.cfg.checkpoint_every
-        return every > 0 and ((r + 1) % every == 0 or r + 1 == self.cfg.fed.rounds)
+        every = self.plan.every
+        return every > 0 and ((r + 1) % every == 0 or r + 1 == self.plan.rounds)
 
     def barrier(self) -> None:
         barrier(self.fabric, "the checkpoint barrier")
@@ -144,7 +146,7 @@ class Checkpointer:
             failed = attempt(lambda: atomic_torch_save({"rank": rank, "world_size": world, "clients": clients},
                                                        tmp / f"clients_rank{rank}.pt"))
         if failed is None and rank == 0:
-            header = {"format": FORMAT, "round": r, "binding": binding(self.cfg, self.data_fingerprint),
+            header = {"format": FORMAT, "round": r, "binding": binding(self.plan, self.data_fingerprint),
                       "manifest": {"world_size": world}, "wall_seconds": self.elapsed()}
             failed = attempt(lambda: atomic_torch_save({**header, **snapshot}, tmp / "global.pt"))
         failure = self.agree(failed)  # a collective: every rank learns whether all parts were written
@@ -235,8 +237,8 @@ class Checkpointer:
     def other_runs(self) -> list[Path]:
         """The checkpoint folders of the same run name under other result identities (and the folder of
         the layout before checkpoints were keyed by identity: the bare run name), newest first."""
-        pattern = re.compile(re.escape(self.cfg.run_name()) + r"(_[0-9a-f]{8})?")
-        folders = [p for p in self.dir.parent.glob(f"{glob.escape(self.cfg.run_name())}*")
+        pattern = re.compile(re.escape(self.plan.run_name) + r"(_[0-9a-f]{8})?")
+        folders = [p for p in self.dir.parent.glob(f"{glob.escape(self.plan.run_name)}*")
                    if p != self.dir and p.is_dir() and pattern.fullmatch(p.name) and self.complete(p)]
         return sorted(folders, key=lambda p: self.complete(p)[0].stat().st_mtime, reverse=True)
 
@@ -244,7 +246,7 @@ class Checkpointer:
         """With no checkpoint of this configuration: one of the same run name written under this very
         setup (the layout before identity folders), else the newest unfinished one under another setup,
         which ``load_latest`` refuses unless --resume force; None when there is neither."""
-        mine = binding(self.cfg, self.data_fingerprint)
+        mine = binding(self.plan, self.data_fingerprint)
         other = None
         for folder in self.other_runs():
             try:
@@ -274,8 +276,8 @@ class Checkpointer:
         path, snap, clients, skipped = found
         if skipped:
             self.say(f"--resume: {'; '.join(skipped)}. Resuming from the older checkpoint {path.name} instead.")
-        diffs = binding_differences(snap.pop("binding", None), binding(self.cfg, self.data_fingerprint))
-        if diffs and self.cfg.resume != "force":
+        diffs = binding_differences(snap.pop("binding", None), binding(self.plan, self.data_fingerprint))
+        if diffs and self.plan.resume != "force":
             where = "" if path.parent == self.dir else (
                 f" (there is no checkpoint of this configuration under {self.dir}; this one is of another run "
                 "of the same name)")

@@ -298,15 +298,3 @@ def with_defaults(config: Any) -> Any:
         return out
 
     return fill(result_config(RunConfig().to_dict()), config)
-
-
-def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """The keys whose values differ, as dotted paths with both values: ['method.lr: 0.01 -> 0.5']."""
-    out = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, f"{prefix}{key}.")
-        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out

@@ -34,7 +34,7 @@ from bench.core.lifetime import wait_for_children
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.core.ranks import run_scope, set_ranks
 from bench.core.seeding import INIT, derive_seed
-from bench.federation import ClientSplit, Federation, eval_protocol
+from bench.federation import ClientSplit, Federation
 from bench.health import collapse_warnings, idle_option_warnings
 from bench.liveness import (
     WAIT_FOREVER_MINUTES,
@@ -55,6 +55,7 @@ from bench.records import (
     summarise,
     write_run_record,
 )
+from bench.run_plan import eval_protocol, plan_rounds
 from bench.speed_options import apply_speed_options, with_channels_last
 from bench.validation import check_method_args, check_outputs, method_signature, validate_config
 from bench.workers import rank_threads, resolve_workers, visible_gpus
@@ -514,7 +515,7 @@ def federate(run: Prepared, observer: RunObserver, started: float, usage_at_star
             fed_cfg = cfg
             clients = client_splits(cfg, run.part.client_indices, dm.train, protocol == "per_client", fabric.device,
                                     dm.test, test)
-        fed = Federation(fabric, fed_cfg, module, train, clients, val, test)
+        fed = Federation(fabric, plan_rounds(fed_cfg, protocol), module, train, clients, val, test)
         fed.checkpointer.session_start, fed.checkpointer.data_fingerprint = started, dm.fingerprint
         per_client = bytes_per_client_round(module)
         fed.on_round_end = lambda e: log_round(fabric, observer, e, per_client)

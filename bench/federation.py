@@ -11,7 +11,6 @@ from tqdm.auto import tqdm
 
 from bench.aggregation import RoundBuffer, client_metrics_row, copy_into
 from bench.checkpoint import Checkpointer, CheckpointError
-from bench.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
@@ -20,6 +19,7 @@ from bench.health import check_finite_state, nonfinite_hint
 from bench.liveness import other_rank_error, post_rank_error, set_round, waiting_on
 from bench.metrics import METRIC_NAMES, VAL_SCORES
 from bench.placement import assign_clients
+from bench.round_plan import RoundPlan
 from lightning_modules.base import (
     ClientContext,
     FederatedModule,
@@ -43,16 +43,6 @@ def loss_upload(losses: list, device) -> torch.Tensor:
     total = torch.stack([weighted.to(torch.float64) for weighted, _ in losses]).sum()
     samples = torch.tensor(float(sum(n for _, n in losses)), dtype=torch.float64, device=device)
     return torch.stack([total.to(device), samples])
-
-
-def eval_protocol(cfg: RunConfig, module: FederatedModule) -> str:
-    """What a run evaluates (RunConfig.scored_protocol)."""
-    return cfg.scored_protocol(module.protocol, module.runs_centrally)
-
-
-def lr_for_round(cfg: RunConfig, round_idx: int) -> float:
-    lr = cfg.method.lr * cfg.fed.lr_decay**round_idx
-    return lr * cfg.fed.lr_gamma ** sum(round_idx >= m for m in cfg.fed.lr_milestones)
 
 
 @dataclass
@@ -109,9 +99,9 @@ class Federation:
     not depend on world size.
     """
 
-    def __init__(self, fabric, cfg: RunConfig, module: FederatedModule, data: DeviceData,
+    def __init__(self, fabric, plan: RoundPlan, module: FederatedModule, data: DeviceData,
                  clients: list[ClientSplit], val: DeviceData | None, test: DeviceData) -> None:
-        self.fabric, self.cfg, self.module = fabric, cfg, module
+        self.fabric, self.plan, self.module = fabric, plan, module
         self.data, self.clients, self.val, self.test = data, clients, val, test
         self.num_classes = module.num_classes
         self.rank, self.world = fabric.global_rank, fabric.world_size
@@ -121,7 +111,7 @@ class Federation:
         self.shared = module.shared_keys()
         self.personal = module.personal_keys()
         # clients may train on any rank when nothing of theirs persists between rounds
-        self.movable = not (self.personal or cfg.fed.keep_optimizer_state or module.keeps_client_state)
+        self.movable = not (self.personal or plan.keep_optimizer_state or module.keeps_client_state)
         # ... and are spread over the ranks by size only when the float64 sum of their float32 states does
         # not depend on which rank adds which client (it rounds to the same float32 model); under 64-true the
         # states are float64, where the order of the sum moves the last bits (1 vs 2 ranks of FedBM in
@@ -130,11 +120,11 @@ class Federation:
         self.sizes = [len(s.train) for s in clients]
         self.global_state = {k: self.model_state[k].clone() for k in self.shared}
         self.initial_personal = {k: self.model_state[k].clone() for k in self.personal}
-        self.protocol = eval_protocol(cfg, module)
+        self.protocol = plan.protocol
         self.client_metrics: dict[int, dict[str, float]] = {}
         self.history: list[dict] = []
         self.start_round = 0
-        self.checkpointer = Checkpointer(cfg, fabric)
+        self.checkpointer = Checkpointer(plan.checkpoint, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
         self.server = server_context(fabric, len(clients))
 
@@ -154,23 +144,23 @@ class Federation:
     def train_client(self, c: int, r: int) -> tuple[float, dict[str, torch.Tensor], int, ClientContext]:
         """Client c's local update in round r (module.client_batches, local_update, on_client_end);
         returns its aggregation weight, its extra uploads, the samples trained and its context."""
-        cfg, module = self.cfg, self.module
+        plan, module = self.plan, self.module
         state = self.load_client_model(c)
         ctx = ClientContext(
-            client_id=c, round_idx=r, seed=cfg.seed, data=self.data, indices=self.clients[c].train,
+            client_id=c, round_idx=r, seed=plan.seed, data=self.data, indices=self.clients[c].train,
             num_classes=self.num_classes, global_state=self.global_state, state=state,
-            generator=torch_generator(derive_seed(cfg.seed, r, c, METHOD), self.fabric.device),
-            lr=lr_for_round(cfg, r), batch_size=cfg.fed.batch_size, local_epochs=cfg.fed.local_epochs,
-            augment=cfg.data.augment, keep_optimizer_state=cfg.fed.keep_optimizer_state,
-            autocast=self.fabric.autocast, loss_scaling=needs_loss_scaling(cfg.precision, self.fabric.device),
+            generator=torch_generator(derive_seed(plan.seed, r, c, METHOD), self.fabric.device),
+            lr=plan.lr.at(r), batch_size=plan.batch_size, local_epochs=plan.local_epochs,
+            augment=plan.augment, keep_optimizer_state=plan.keep_optimizer_state,
+            autocast=self.fabric.autocast, loss_scaling=needs_loss_scaling(plan.precision, self.fabric.device),
         )
-        torch.manual_seed(derive_seed(cfg.seed, r, c, TORCH_GLOBAL))  # dropout and other global draws
+        torch.manual_seed(derive_seed(plan.seed, r, c, TORCH_GLOBAL))  # dropout and other global draws
         module.train()
         seen = module.local_update(ctx, module.client_batches(ctx))
         module.on_client_end(ctx)
         if self.personal:
             state["personal"] = {k: self.model_state[k].clone() for k in self.personal}
-        weight = float(len(ctx.indices)) if cfg.fed.weighting == "samples" else 1.0
+        weight = float(len(ctx.indices)) if plan.weighting == "samples" else 1.0
         return weight, ctx.uploads, seen, ctx
 
     def client_eval(self, ctx: ClientContext) -> dict[str, float] | None:
@@ -182,7 +172,7 @@ class Federation:
                 split = self.clients[c]
                 data = self.data if split.test_data is None else split.test_data
                 m = evaluate_local(self.module, data, split.test, self.fabric, self.num_classes,
-                                   eval_batch_size(data, self.cfg.fed.eval_batch_size))
+                                   eval_batch_size(data, self.plan.eval_batch_size))
                 return {f"test/{k}": v for k, v in m.items()}
 
             scores = self.module.evaluate_client(ctx, evaluate)
@@ -192,13 +182,13 @@ class Federation:
             for split, data in (("val", self.val), ("test", self.test)):
                 if data is not None:
                     m = evaluate_local(self.module, data, torch.arange(len(data.labels), device=data.labels.device),
-                                       self.fabric, self.num_classes, eval_batch_size(data, self.cfg.fed.eval_batch_size))
+                                       self.fabric, self.num_classes, eval_batch_size(data, self.plan.eval_batch_size))
                     res.update({f"{split}/{k}": v for k, v in m.items()})
             return res
         return None
 
     def is_eval_round(self, r: int) -> bool:
-        return (r + 1) % self.cfg.fed.eval_every == 0 or r + 1 == self.cfg.fed.rounds
+        return self.plan.is_eval_round(r)
 
     # ---- one round -----------------------------------------------------------------------
     def metric_keys(self) -> list[str]:
@@ -210,7 +200,7 @@ class Federation:
         """Sample the round's clients, train this rank's share into the round buffer, all-reduce it once,
         then aggregate, step the server and evaluate."""
         t0 = time.perf_counter()
-        sampled = sample_clients(self.cfg.seed, r, len(self.clients), self.cfg.fed.sample_ratio)
+        sampled = sample_clients(self.plan.seed, r, len(self.clients), self.plan.sample_ratio)
         placement = assign_clients(sampled, self.sizes, self.world, self.spread)
         keys = self.metric_keys()
         buf = self.round_buffer(len(keys))
@@ -224,7 +214,7 @@ class Federation:
         # step into inf) must not carry NaN/inf into the next round, the record or a checkpoint
         check_finite_state(self.global_state, f"after aggregation and the server step of round {r}",
                            self.nonfinite_hint())
-        log = RoundLog(r, sampled, lr_for_round(self.cfg, r), train_time, 0.0, seen,
+        log = RoundLog(r, sampled, self.plan.lr.at(r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
                        train_loss=train_loss, method_scalars={**term_losses, **self.module.round_scalars(r)})
@@ -236,7 +226,7 @@ class Federation:
         return log
 
     def nonfinite_hint(self) -> str:
-        return nonfinite_hint(self.cfg.precision, self.cfg.method.lr, self.cfg.method.optimizer)
+        return nonfinite_hint(self.plan.precision, self.plan.lr.base, self.plan.optimizer)
 
     def round_buffer(self, n_metrics: int) -> RoundBuffer:
         """The round's one buffer: shared state, the method's uploads, the per-client metrics table, each
@@ -320,7 +310,7 @@ class Federation:
         every earlier round's by accuracy or by FedBM's sum of five (the two validation round rules,
         bench/reporting/protocols.py, whose ties go to the earliest round): the test metrics those
         rules report are the ones every-round evaluation would give."""
-        if self.cfg.fed.test_rounds == "all" or r + 1 == self.cfg.fed.rounds or not val_metrics:
+        if self.plan.test_rounds == "all" or r + 1 == self.plan.rounds or not val_metrics:
             return True
         earlier = [h["metrics"] for h in self.history if h.get("metrics")]
         return any(score(val_metrics) > max(map(score, earlier), default=-math.inf) for score in VAL_SCORES.values())
@@ -341,17 +331,17 @@ class Federation:
             if data is None or (split == "test" and not self.test_due(r, out)):
                 continue
             m = evaluate_sharded(self.module, data, self.fabric, self.num_classes,
-                                 eval_batch_size(data, self.cfg.fed.eval_batch_size), self.module.global_logits)
+                                 eval_batch_size(data, self.plan.eval_batch_size), self.module.global_logits)
             out.update({f"{split}/{k}": v for k, v in m.items()})
         return out
 
     # ---- the run -------------------------------------------------------------------------
     def run(self) -> list[dict]:
-        cfg = self.cfg
-        if cfg.resume:
+        plan = self.plan
+        if plan.checkpoint.resume:
             self.restore(self.checkpointer.load_latest())
-        bar = tqdm(range(self.start_round, cfg.fed.rounds), desc=f"{cfg.method.name} rounds", leave=None,
-                   disable=not (cfg.progress and self.rank == 0), initial=self.start_round, total=cfg.fed.rounds)
+        bar = tqdm(range(self.start_round, plan.rounds), desc=f"{plan.method} rounds", leave=None,
+                   disable=not (plan.progress and self.rank == 0), initial=self.start_round, total=plan.rounds)
         for r in bar:
             set_round(r)
             log = self.run_round(r)

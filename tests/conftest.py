@@ -228,11 +228,12 @@ def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1
     """Run ``base`` uninterrupted, then killed right after checkpointing round ``kill_after_round``
     and resumed; assert both end with identical state and history. Returns (resumed record, cfg)."""
     from bench.checkpoint import Checkpointer
+    from bench.run_plan import checkpoint_plan
 
     full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
     kill_after(tiny_cfg, monkeypatch, kill_after_round, **base, experiment="killed")
     cfg = tiny_cfg(**base, experiment="killed", resume=True)
-    assert Checkpointer(cfg, None).latest().name == f"round_{kill_after_round:05d}"
+    assert Checkpointer(checkpoint_plan(cfg), None).latest().name == f"round_{kill_after_round:05d}"
     resumed_rec, resumed_state = run_in_process(cfg)
     assert max_state_diff(full_state, resumed_state) == 0.0
     assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]

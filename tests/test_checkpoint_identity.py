@@ -13,8 +13,8 @@ import torch
 import yaml
 from conftest import REPO, kill_after, max_state_diff, run_in_process
 
-from bench.checkpoint import Checkpointer
 from bench.records import find_record
+from bench.run_plan import checkpoint_plan
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -33,13 +33,13 @@ def test_another_config_of_the_run_name_leaves_the_checkpoints_alone(tiny_cfg, m
     runs to the end with checkpoints; A resumes from its own round 4 and ends where an uninterrupted A ends."""
     _, full_state = run_in_process(tiny_cfg(**{**A, "experiment": "full"}))
     kill_after(tiny_cfg, monkeypatch, 3, **A)
-    folder_a = Checkpointer(tiny_cfg(**A), None).dir
+    folder_a = checkpoint_plan(tiny_cfg(**A)).folder
     before = contents(folder_a)
     assert sorted({k.split("/")[0] for k in before}) == ["round_00002", "round_00003"]
 
     run_in_process(tiny_cfg(**B))
     assert contents(folder_a) == before  # B neither deleted nor rewrote any of A's files
-    folder_b = Checkpointer(tiny_cfg(**B), None).dir
+    folder_b = checkpoint_plan(tiny_cfg(**B)).folder
     assert folder_b != folder_a and folder_b.parent == folder_a.parent
     assert sorted(p.name for p in folder_b.iterdir()) == ["round_00000", "round_00001"]
 
@@ -64,7 +64,7 @@ def test_resume_after_a_finished_run_of_another_config_starts_over(tiny_cfg, cap
     err = capsys.readouterr().err
     assert "--resume: no checkpoint under" in err and "starting from round 0" in err
     assert "resumed" not in record and record["config"]["method"]["lr"] == 0.03
-    assert len({p.name for p in Checkpointer(tiny_cfg(**B), None).dir.parent.iterdir()}) == 2
+    assert len({p.name for p in checkpoint_plan(tiny_cfg(**B)).folder.parent.iterdir()}) == 2
 
 
 def test_a_checkpoint_in_the_folder_of_the_run_name_alone_is_resumed(tiny_cfg, monkeypatch):
@@ -72,7 +72,7 @@ def test_a_checkpoint_in_the_folder_of_the_run_name_alone_is_resumed(tiny_cfg, m
     are still resumed."""
     kill_after(tiny_cfg, monkeypatch, 0, **B)
     cfg = tiny_cfg(**B, resume=True)
-    folder = Checkpointer(cfg, None).dir
+    folder = checkpoint_plan(cfg).folder
     legacy = folder.parent / cfg.run_name()
     folder.rename(legacy)
     record, _ = run_in_process(cfg)

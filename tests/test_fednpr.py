@@ -20,6 +20,7 @@ from bench.core.batches import DeviceData
 from bench.core.errors import DatasetNotFoundError
 from bench.experiment import build_datamodule, build_module, client_splits, make_fabric, to_device
 from bench.federation import Federation
+from bench.run_plan import eval_protocol, plan_rounds
 from datamodules.base import DATASETS
 from datamodules.partition import partition
 from lightning_modules.base import ClientContext
@@ -53,7 +54,7 @@ def make_federation(cfg, module=None) -> Federation:
     fabric.to_device(module)
     train, val, test = (to_device(s, dm, fabric.device) for s in (dm.train, dm.val, dm.test))
     clients = client_splits(cfg, part.client_indices, dm.train, module.protocol == "per_client", fabric.device)
-    return Federation(fabric, cfg, module, train, clients, val, test)
+    return Federation(fabric, plan_rounds(cfg, eval_protocol(cfg, module)), module, train, clients, val, test)
 
 
 def model_as_loaded(fed: Federation, c: int) -> dict[str, torch.Tensor]:

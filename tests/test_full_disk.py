@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import run_in_process
 
-from bench.checkpoint import Checkpointer
 from bench.core import atomic_io
 from bench.core.errors import FedbenchError, FedbenchWarning
 from bench.records import find_record
+from bench.run_plan import checkpoint_plan
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -124,7 +124,7 @@ def test_no_room_for_a_checkpoint_keeps_the_previous_one_and_no_temp_folder(tiny
     fill_disk(monkeypatch, "round_00002.tmp")
     with pytest.raises(FedbenchError) as raised:
         run_in_process(tiny_cfg(**base))
-    folder = Checkpointer(tiny_cfg(**base), None).dir
+    folder = checkpoint_plan(tiny_cfg(**base)).folder
     assert re.fullmatch(
         rf"Checkpoint round_00002 was not written: no space left on {re.escape(str(folder))}/round_00002\.tmp "
         rf"\(\d+(\.\d{{1,3}})? MB free, about \d+(\.\d{{1,3}})? MB needed\)\. The previous checkpoint "
@@ -150,7 +150,7 @@ def test_an_interrupted_checkpoint_write_leaves_no_temp_folder(tiny_cfg, monkeyp
     monkeypatch.setattr(torch, "save", failing)
     with pytest.raises(FedbenchError, match=r"Checkpoint round_00001 was not written: \[Errno 5\] Input/output error\."):
         run_in_process(tiny_cfg(**base))
-    folder = Checkpointer(tiny_cfg(**base), None).dir
+    folder = checkpoint_plan(tiny_cfg(**base)).folder
     assert sorted(p.name for p in folder.iterdir()) == ["round_00000"]
 
 

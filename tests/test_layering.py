@@ -58,3 +58,26 @@ def test_the_check_sees_function_level_imports_and_upward_edges():
         "datamodules.partition (datamodules) imports bench.records (bench round core)"]
     assert violations({"bench.experiment": {"bench.reporting.wandb_logger"}}) != []
     assert violations({"bench.core.batches": {"datamodules.augment"}}) != []
+
+
+# The round engine (issue 40, "resolved once"): these modules read a RoundPlan / CheckpointPlan
+# (bench/round_plan.py) that the run's assembly resolves once (bench/run_plan.py), never the RunConfig
+ROUND_ENGINE = ("bench.federation", "bench.checkpoint", "bench.round_plan", "bench.aggregation", "bench.evaluation",
+                "bench.placement", "bench.liveness", "bench.health", "bench.metrics")
+
+
+def test_the_round_engine_never_imports_the_run_config():
+    modules = project_modules()
+
+    def reach(module: str) -> set[str]:
+        seen, todo = set(), [module]
+        while todo:
+            for m in modules.get(todo.pop(), ()):
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return seen
+
+    assert {m: sorted(reach(m) & {"bench.config", "bench.run_plan", "bench.experiment"}) for m in ROUND_ENGINE} == {
+        m: [] for m in ROUND_ENGINE}
+    assert "bench.config" in reach("bench.run_plan") and "bench.round_plan" in reach("bench.experiment")

@@ -12,6 +12,7 @@ from conftest import Killed, max_state_diff, run_in_process
 from bench.checkpoint import Checkpointer
 from bench.cli import main
 from bench.core.errors import FedbenchError
+from bench.run_plan import checkpoint_plan
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -41,7 +42,7 @@ def killed_after(tiny_cfg, monkeypatch, round_idx: int, slow_round: float = 0.0,
         run_in_process(tiny_cfg(**BASE, **overrides, experiment="killed"))
     monkeypatch.setattr(Checkpointer, "save", original_save)
     monkeypatch.setattr(Federation, "run_round", original_round)
-    return Checkpointer(tiny_cfg(**BASE, **overrides, experiment="killed"), None).dir
+    return checkpoint_plan(tiny_cfg(**BASE, **overrides, experiment="killed")).folder
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_unchanged_execution_options_do_not_block_resume(tiny_cfg, monkeypatch, 
 def test_only_the_last_two_checkpoints_are_kept(tiny_cfg):
     cfg = tiny_cfg(**BASE, experiment="keep")
     run_in_process(cfg)
-    assert sorted(p.name for p in Checkpointer(cfg, None).dir.iterdir()) == ["round_00002", "round_00003"]
+    assert sorted(p.name for p in checkpoint_plan(cfg).folder.iterdir()) == ["round_00002", "round_00003"]
 
 
 def test_missing_rank_file_falls_back_to_the_older_checkpoint(tiny_cfg, monkeypatch, uninterrupted, capsys):
@@ -179,14 +180,14 @@ def test_two_rank_checkpoint_resumes_on_one_rank(two_rank_runs, tmp_path):
 
     two = case_cfg("resume_two_ranks", two_rank_runs.root, devices=2)
     _, two_state = two_rank_runs.two("resume_two_ranks")
-    shared = Checkpointer(two, None).dir
+    shared = checkpoint_plan(two).folder
     assert sorted(p.name for p in (shared / "round_00002").iterdir()) == [
         "clients_rank0.pt", "clients_rank1.pt", "global.pt"]
     manifest = torch.load(shared / "round_00002" / "global.pt", weights_only=True)["manifest"]
     assert manifest == {"world_size": 2}
     one = case_cfg("resume_two_ranks", two_rank_runs.root, devices=2, out=tmp_path)  # the same experiment
     one.devices, one.resume = 1, True
-    folder = Checkpointer(one, None).dir
+    folder = checkpoint_plan(one).folder
     shutil.copytree(shared, folder)
     shutil.rmtree(folder / "round_00002")  # as if killed after round 1
     record, state = run_in_process(one)
