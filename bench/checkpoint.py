@@ -78,7 +78,6 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "
     return out
 
 
-
 def binding_differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if not old:
         return ["(checkpoint written by a fedbench without a config binding)"]
