@@ -97,3 +97,20 @@ def test_a_cpu_bf16_run_on_an_affected_shape_is_refused_before_its_rounds(tmp_pa
     assert "Use --precision 32-true" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "ckpt").exists()  # nothing written
     assert main([*argv, "--precision", "bf16-mixed", "--data.image_size", "32"]) == 0  # the size it suggests runs
+
+
+def test_a_model_the_probe_cannot_run_is_not_judged_and_keeps_its_mode():
+    """A trainable strided, padded convolution behind a forward that refuses the probe's input (say, a model
+    that wants another image size): no refusal, no error from the check, the training mode restored."""
+    class Picky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+
+        def forward(self, x):
+            if x.shape[-1] != 224:
+                raise ValueError("224 px only")
+            return self.conv(x)
+
+    model = Picky()
+    assert affected_convolutions(model, model, torch.zeros(2, 3, 1, 1)) == [] and model.training
