@@ -57,6 +57,7 @@ RESERVED = {
 # Run options that change the arithmetic, not the budget: a table run with them is complete, but a result of
 # its own (written beside the config's table, never over it)
 NUMERIC_KEYS = frozenset({"gpu_math", "precision", "channels_last", "compile"})
+REDUCED_TITLE = " — REDUCED RUN, not the config's budget"  # what a reduced table's title adds
 LOCATION_KEYS = frozenset({"data.root", *execution_keys(RunConfig),
                            *(f"{group}.{key}" for group, cls in OPTION_GROUPS.items() for key in execution_keys(cls))})
 
@@ -237,7 +238,7 @@ class TableOverrides:
         """What the rendered table's title adds: a reduced run, or the numeric settings it ran under instead of
         the config's (``gpu_math=tf32``: the whole budget, but a result of its own)."""
         if self.reduced:
-            return " — REDUCED RUN, not the config's budget"
+            return REDUCED_TITLE
         numeric = {k: v for k, v in self.budget_sets.items() if k in NUMERIC_KEYS}
         return (" — " + ", ".join(f"{k}={v}" for k, v in numeric.items()) + ", not the config's numeric settings"
                 if numeric else "")

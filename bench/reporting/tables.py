@@ -55,6 +55,7 @@ from bench.reporting.plots import plot_curves, plot_partitions
 from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
 from bench.reporting.table_files import csv_text, table_json
 from bench.reporting.table_grid import Grid, fmt, grid_header, grid_rows, markdown_blocks  # noqa: F401 (fmt: tests)
+from bench.reporting.table_overrides import REDUCED_TITLE
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
@@ -479,7 +480,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
     grid_rows(grid, a.cells, a.labels, a.baseline)
     title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (
-        title_note or (" — REDUCED RUN, not the config's budget" if reduced else ""))
+        title_note or (REDUCED_TITLE if reduced else ""))
     md = markdown(spec, runs, a, grid, title, changes)
     out_dir = Path(tables_dir)
     plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
