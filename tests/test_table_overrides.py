@@ -110,19 +110,21 @@ def test_where_records_and_tables_go():
     assert subset.tables_dir("results/tables") == budget.tables_dir("results/tables") == "results/tables/reduced"
 
 
+def render(tmp_path, ov, runs):
+    """Fake records of ``runs``, then their table rendered as `fedbench table` does under the overrides ``ov``."""
+    for run in runs:
+        write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
+    return render_table(ov.select(SPEC), runs, ov.tables_dir(str(tmp_path / "tables")), name=ov.table_name("table2_kvasir"),
+                        changes=ov.describe(SPEC), reduced=ov.reduced, title_note=ov.title_note())
+
+
 def test_reduced_table_is_labelled_and_never_overwrites_the_full_one(tmp_path):
     """Full table rendered first; a reduced rerun renders beside it, labelled, without touching it."""
-    def render(ov, runs):
-        for run in runs:
-            write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
-        return render_table(ov.select(SPEC), runs, ov.tables_dir(str(tmp_path / "tables")), name=ov.table_name("table2_kvasir"),
-                            changes=ov.describe(SPEC), reduced=not ov.full_budget)
-
-    full_paths = render(*planned(SPEC, out=str(tmp_path / "runs")))
+    full_paths = render(tmp_path, *planned(SPEC, out=str(tmp_path / "runs")))
     full_md = Path(full_paths["md"]).read_text()
     ov, runs = planned(SPEC, "fed.rounds=1", "method.backbone=simple-cnn", seeds="0", rows=["FedAvg"],
                        out=str(tmp_path / "runs"))
-    paths = render(ov, runs)
+    paths = render(tmp_path, ov, runs)
     assert Path(full_paths["md"]).read_text() == full_md  # the full table is untouched
     assert Path(paths["md"]) == (tmp_path / "tables" / "reduced" /
                                  'table2_kvasir__set-fed.rounds=1_set-method.backbone=simple-cnn_seeds-0_rows-FedAvg.md')
@@ -142,18 +144,12 @@ def test_a_tf32_table_is_labelled_by_its_math_not_as_reduced_and_never_overwrite
     """--set gpu_math=tf32 runs the whole budget under another numeric setting (docs/gpu.md's fastest GPU
     setting): its own records and table file beside the full one, titled by the setting, not 'REDUCED RUN';
     adding a budget cut makes it a reduced run again."""
-    def render(ov, runs):
-        for run in runs:
-            write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
-        return render_table(ov.select(SPEC), runs, ov.tables_dir(str(tmp_path / "tables")), name=ov.table_name("table2_kvasir"),
-                            changes=ov.describe(SPEC), reduced=ov.reduced, title_note=ov.title_note())
-
-    full_paths = render(*planned(SPEC, out=str(tmp_path / "runs")))
+    full_paths = render(tmp_path, *planned(SPEC, out=str(tmp_path / "runs")))
     full_md = Path(full_paths["md"]).read_text()
     ov, runs = planned(SPEC, "gpu_math=tf32", out=str(tmp_path / "runs"))
     assert not ov.reduced and not ov.full_budget and {r.cfg.gpu_math for r in runs} == {"tf32"}
     assert {r.cfg.experiment for r in runs} == {ov.experiment("table2_kvasir")} != {"table2_kvasir"}
-    paths = render(ov, runs)
+    paths = render(tmp_path, ov, runs)
     assert Path(full_paths["md"]).read_text() == full_md
     assert Path(paths["md"]) == tmp_path / "tables" / "reduced" / "table2_kvasir__set-gpu_math=tf32.md"
     md = Path(paths["md"]).read_text().splitlines()
