@@ -67,7 +67,7 @@ def check_cpu_bf16(precision: str, device_type: str, model: nn.Module, forward, 
     error before the rounds); any other run passes without a forward pass."""
     if "bf16" not in precision or device_type != "cpu" or len(image_shape) != 3:
         return
-    bad = affected_convolutions(model, forward, torch.zeros(2, *image_shape))
+    bad = affected_convolutions(model, forward, torch.zeros(2, *image_shape, device="cpu"))  # a CPU run's model
     if bad:
         raise FedbenchError(
             f"--precision {precision} on the CPU: oneDNN's bf16 weight gradient of a padded convolution whose stride "
