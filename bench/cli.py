@@ -38,6 +38,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.core.allocator import apply_allocator_policy
+from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from bench.ports import launcher_pid
@@ -152,6 +153,7 @@ PYTHON_SHOW = warnings.showwarning
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    skip_torchmetrics_extras()  # before Lightning imports torchmetrics: ~2 s less per process (bench/core/compat.py)
     apply_allocator_policy()  # before torch allocates anything (bench/core/allocator.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning

@@ -20,6 +20,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+from bench.core.compat import skip_torchmetrics_extras
+
+skip_torchmetrics_extras()  # tests import Lightning as fedbench's processes do (bench/cli.py main)
+
 import pytest
 import torch
 

@@ -133,3 +133,31 @@ def test_pyproject_bounds_the_tested_majors_and_the_lock_is_within_them():
         spec = next(d for d in deps if re.match(rf"{dist}[<>=]", d))
         assert f"<{high + 1}" in spec and int(re.search(r">=(\d+)", spec).group(1)) == low
         assert low <= int(locked[dist].split(".")[0]) <= high
+
+
+def test_every_torchmetrics_extra_flag_skipped_is_one_torchmetrics_defines():
+    """skip_torchmetrics_extras degrades to slower imports when a flag is renamed: this names the one gone."""
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("torchmetrics").submodule_search_locations[0]) / "utilities" / "imports.py"
+    defined = {t.id for node in ast.parse(source.read_text()).body if isinstance(node, ast.Assign | ast.AnnAssign)
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+    assert set(compat.TORCHMETRICS_EXTRAS) <= defined, sorted(set(compat.TORCHMETRICS_EXTRAS) - defined)
+
+
+def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
+    """In this pytest process conftest skipped the extras before Lightning came in: the flags read False, and
+    the one torchmetrics function fedbench calls (multiclass_auroc, bench/metrics.py) gives its hand-computed
+    value. (That a run then imports no torchvision: tests/test_startup.py, in a process of its own.)"""
+    import torch
+    import torchmetrics.utilities.imports as flags
+    from torchmetrics.functional.classification import multiclass_auroc
+
+    import bench.experiment  # noqa: F401 (Lightning, as a run imports it)
+
+    assert not any(getattr(flags, name) for name in compat.TORCHMETRICS_EXTRAS)
+    probs = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.2, 0.3], [0.2, 0.5, 0.3], [0.1, 0.3, 0.6]])
+    # one-vs-rest AUROC by hand, the share of (positive, negative) pairs ranked right: class 0: 0.6 above
+    # 0.5, 0.2, 0.1 (1.0); class 1: positives 0.2, 0.5 against negatives 0.3, 0.3: 2 of 4 pairs (0.5); class 2: 1.0
+    auroc = multiclass_auroc(probs, torch.tensor([0, 1, 1, 2]), num_classes=3, average=None)
+    assert torch.allclose(auroc, torch.tensor([1.0, 0.5, 1.0]), atol=1e-6), auroc

@@ -20,13 +20,22 @@ The names:
   ``_child_processes``) and ``_launch_process_observer``: Fabric's watcher of the ranks it launched,
   which bench/rank_observer.py replaces (Fabric has no public option for it);
 - ``torch._foreach_add_``, ``_foreach_sub``, ``_foreach_sub_``, ``_foreach_mul``, ``_foreach_norm``: one
-  multi-tensor op per list instead of one per parameter (FedProx's, FedDyn's and Scaffold's per-step work).
+  multi-tensor op per list instead of one per parameter (FedProx's, FedDyn's and Scaffold's per-step work);
+- torchmetrics' optional-dependency flags ``torchmetrics.utilities.imports._TORCHVISION_AVAILABLE`` and the
+  others in ``TORCHMETRICS_EXTRAS``: set False in fedbench's own processes (``skip_torchmetrics_extras``), so
+  that importing Lightning, which imports torchmetrics, does not also import torchvision and transformers for
+  image and text metrics fedbench never computes (issue 41: about 2 s of every process's start). Unlike the
+  names above this one degrades instead of failing: with another torchmetrics major version, or a flag gone,
+  the imports are only slower (tests/test_compat.py says when a flag is gone).
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import subprocess
+import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -46,6 +55,12 @@ NAMES = (
     *(("torch", "torch", f"_foreach_{op}") for op in ("add_", "sub", "sub_", "mul", "norm")),
 )
 FIX = "install the tested versions (pip install -r requirements.lock)"
+# torchmetrics' flags of optional packages whose metrics fedbench never computes (image metrics: torchvision;
+# text: transformers; audio and signal helpers: scipy); tested with torchmetrics 1.x (requirements.lock)
+TORCHMETRICS_MODULE = "torchmetrics.utilities.imports"
+TORCHMETRICS_EXTRAS = ("_TORCHVISION_AVAILABLE", "_TRANSFORMERS_AVAILABLE", "_TRANSFORMERS_GREATER_EQUAL_4_4",
+                       "_SCIPY_AVAILABLE", "_SCIPY_GREATER_EQUAL_1_8", "_SCIPI_AVAILABLE")
+TORCHMETRICS_TESTED_MAJOR = 1
 
 
 def tested(dist: str) -> str:
@@ -149,3 +164,40 @@ def install_rank_watcher(launch: Callable[[list[subprocess.Popen]], None]) -> No
 def rank_watcher_launcher() -> Callable[[list[subprocess.Popen]], None]:
     """What Fabric's subprocess launcher calls now to watch its ranks."""
     return private("lightning", LAUNCHER, "_launch_process_observer")
+
+
+class _TorchmetricsExtrasOff(importlib.abc.MetaPathFinder):
+    """Finds ``torchmetrics.utilities.imports`` once, as Python would, and sets its extras' flags False right
+    after the module runs (before any other torchmetrics module reads them)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != TORCHMETRICS_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            for flag in TORCHMETRICS_EXTRAS:
+                if hasattr(module, flag):
+                    setattr(module, flag, False)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def skip_torchmetrics_extras() -> None:
+    """In this process, torchmetrics imports none of its image, text and audio extras (see the module's
+    docstring). Call before anything imports Lightning or torchmetrics; a no-op once torchmetrics is imported,
+    when it is not torchmetrics 1.x, or when already done."""
+    if "torchmetrics" in sys.modules or any(isinstance(f, _TorchmetricsExtrasOff) for f in sys.meta_path):
+        return
+    try:
+        if int(version("torchmetrics").split(".")[0]) != TORCHMETRICS_TESTED_MAJOR:
+            return
+    except (PackageNotFoundError, ValueError):
+        return
+    sys.meta_path.insert(0, _TorchmetricsExtrasOff())

@@ -42,6 +42,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from bench.config import RunConfig, from_dict
+from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError
 from bench.core.lifetime import Interrupted, die_with_parent
 from bench.workers import auto_layout, clients_per_round, cpu_cores, visible_gpus
@@ -97,6 +98,7 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
     gpu = claim_gpu(gpus, slot)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    skip_torchmetrics_extras()  # as the command's own process does (bench/cli.py main)
     import torch
 
     from bench.core.allocator import apply_allocator_policy
