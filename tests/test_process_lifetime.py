@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from bench.core.lifetime import die_with_parent, launched_by_fabric
+from bench.core.lifetime import die_with_parent, launched_by_fabric, parent_of
 from bench.rank_observer import INTERRUPT_GRACE_S
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
@@ -65,14 +65,23 @@ def start_table(tmp_path: Path, tag: str) -> subprocess.Popen:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
 
 
+def forked_workers(tag: str, table: int) -> tuple[int | None, list[int]]:
+    """(the table's forkserver, the processes it forked) among the tagged ones."""
+    server = next((pid for pid in tagged(tag) if parent_of(pid) == table
+                   and b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()), None)
+    return server, [pid for pid in tagged(tag) if server is not None and parent_of(pid) == server]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_killing_the_table_parent_stops_every_worker(tmp_path, sig):
     tag = uuid.uuid4().hex
     parent = start_table(tmp_path, tag)
     try:
-        # the parent, its 2 workers (and multiprocessing's resource tracker) are up and training
+        # the parent, its forkserver (and multiprocessing's resource tracker) are up, the workers starting
         # (generous bounds: under a load average of 8 a process's imports take ~10x their quiet wall time)
         assert wait_until(lambda: len(tagged(tag)) >= 3, 600), parent.communicate(timeout=5)
+        if sig == signal.SIGKILL:  # the 2 workers training: both forked by the table's preloaded forkserver
+            assert wait_until(lambda: len(forked_workers(tag, parent.pid)[1]) == 2, 600), tagged(tag)
         time.sleep(2.0)
         os.kill(parent.pid, sig)
         _, err = parent.communicate(timeout=1800)
@@ -87,6 +96,24 @@ def test_killing_the_table_parent_stops_every_worker(tmp_path, sig):
         what = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
         assert err.count(f"fedbench: interrupted ({what})") == 1
         assert parent.returncode == (130 if sig == signal.SIGINT else 143)
+
+
+def test_a_forked_worker_lives_while_its_ancestor_does_and_dies_at_once_without_it():
+    """die_with_ancestor (a --jobs worker forked by the table's forkserver): a process whose parent's parent
+    is the ancestor keeps running; one whose ancestor is already gone gets SIGTERM at once."""
+    code = ("import sys, time\nfrom bench.core.lifetime import die_with_ancestor\n"
+            "print(die_with_ancestor(int(sys.argv[1])), flush=True)\ntime.sleep(float(sys.argv[2]))\nprint('alive')")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    grandparent = parent_of(os.getpid())  # this test's parent: the ancestor of the child's parent (this process)
+    lives = subprocess.run([sys.executable, "-c", code, str(grandparent), "0.5"], env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert lives.returncode == 0 and lives.stdout.split() == ["prctl", "alive"], lives.stderr
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone.kill()
+    gone.wait()
+    dies = subprocess.run([sys.executable, "-c", code, str(gone.pid), "60"], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert dies.returncode == -signal.SIGTERM and "alive" not in dies.stdout
 
 
 def test_a_worker_dies_with_its_parent_even_on_sigkill(tmp_path):

@@ -3,6 +3,7 @@
 - ``die_with_parent``: a worker (a `fedbench table --jobs` worker, a DDP rank that Fabric launched)
   asks the kernel for SIGTERM when its parent dies, by any signal including SIGKILL
   (Linux ``PR_SET_PDEATHSIG``); elsewhere a daemon thread polls the parent pid once a second.
+  ``die_with_ancestor``: the same for a worker forked by a forkserver that its ancestor started.
 - ``wait_for_children``: the launching rank returns only after the ranks it started have exited, so
   that `time fedbench run --devices 2` counts them and a script's next command does not overlap them.
 - ``say_interrupted`` / ``exit_interrupted``: the one line an interrupted fedbench prints, once per process
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 INTERRUPT_STATUS = {"Ctrl-C": 130, "SIGTERM": 143}
@@ -61,6 +63,27 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> str
     if how == "poll":
         threading.Thread(target=_poll_parent, args=(parent, sig), daemon=True, name="fedbench-parent-watch").start()
     if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    return how
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of process ``pid`` (Linux /proc), None when unknown (gone, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ...": comm may hold spaces
+
+
+def die_with_ancestor(ancestor: int, sig: int = signal.SIGTERM) -> str:
+    """``die_with_parent`` for a process whose parent is ``ancestor`` or a process that ``ancestor`` started
+    and that exits with it (a multiprocessing forkserver: it ends when its starter's end of a pipe closes,
+    whatever killed the starter). The signal comes when the parent exits; and at once when ``ancestor`` is
+    already gone (the parent is then neither ``ancestor`` nor its child)."""
+    parent = os.getppid()
+    how = die_with_parent(sig, parent=parent)
+    if parent != ancestor and parent_of(parent) != ancestor:
         os.kill(os.getpid(), sig)
     return how
 

@@ -35,6 +35,7 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -44,8 +45,8 @@ from tqdm.auto import tqdm
 from bench.config import RunConfig, from_dict
 from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError
-from bench.core.lifetime import Interrupted, die_with_parent
-from bench.workers import auto_layout, clients_per_round, cpu_cores, visible_gpus
+from bench.core.lifetime import Interrupted, die_with_ancestor, die_with_parent
+from bench.workers import auto_layout, clients_per_round, cpu_cores, launchable, visible_gpus
 
 GIB = 1024 ** 3
 JOB_MEMORY_GIB = 4.0  # --job-memory default: the largest measured peak (FedBM 3.6 GiB) and some room
@@ -90,10 +91,17 @@ def claim_gpu(gpus: list[str], slot) -> str | None:
     return gpus[index % len(gpus)]
 
 
-def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None) -> None:
+def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None,
+                  environ: dict[str, str] | None = None) -> None:
     """A --jobs worker's setup: its allocator, its threads and, on a GPU machine, its GPU (``claim_gpu``),
-    made its only visible device before CUDA starts, so that its runs' ``cuda:0`` is that GPU."""
-    die_with_parent(parent=parent)  # the table's process gone (any signal, even SIGKILL): this worker stops too
+    made its only visible device before CUDA starts, so that its runs' ``cuda:0`` is that GPU. ``environ``:
+    the table's environment as the pool started (a forked worker has its forkserver's otherwise)."""
+    # the table's process gone (any signal, even SIGKILL): this worker stops too
+    die_with_parent() if parent is None else die_with_ancestor(parent)
+    sys.excepthook = sys.__excepthook__  # the forkserver's hook (bench/reporting/job_preload.py) ends here
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the table's to handle: it stops the workers
     gpu = claim_gpu(gpus, slot)
     if gpu is not None:
@@ -105,6 +113,33 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
 
     apply_allocator_policy()
     torch.set_num_threads(threads)
+
+
+def job_context(on_gpu: bool) -> Any:
+    """How the --jobs workers start. The fedbench command on Linux, its runs on the CPU: forked by one
+    forkserver that imported the training stack once (bench/reporting/job_preload.py), so a worker is ready at
+    once instead of importing torch and Lightning again (seconds of CPU each). Otherwise spawned, each worker
+    a fresh interpreter: on a GPU (a process that touched the CUDA driver cannot fork a CUDA user, and the GPU
+    path is the one gpu-check measured), and when run_jobs is called from Python (tests, notebooks: a
+    forkserver would outlive the call with the environment and output streams it started with)."""
+    if not on_gpu and launchable() and "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["bench.reporting.job_preload"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _ready() -> None:
+    """``warm_up``'s process: nothing to do."""
+
+
+def warm_up(context: Any) -> None:
+    """Start the forkserver of ``job_context`` with a no-op process, so that the workers are forked only once
+    it has imported everything: a Ctrl-C during those seconds then finds no worker half-started."""
+    if context.get_start_method() == "forkserver":
+        process = context.Process(target=_ready)
+        process.start()
+        process.join()
 
 
 def method_weight(cfg: RunConfig) -> float:
@@ -232,12 +267,13 @@ def run_jobs(todo: list, jobs: int, wandb_dir: str | None, desc: str, label, ann
     threads = max(1, cpu_cores() // jobs)
     gpus = job_gpus(jobs, visible_gpus(configs[0].accelerator)) if configs else []
     need = job_memory if gpus else None
-    context = multiprocessing.get_context("spawn")
+    context = job_context(on_gpu=bool(gpus))
     print(placement_line(jobs, threads, gpus), flush=True)
     bar = tqdm(total=len(todo), desc=desc, unit="run")
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
-                               initargs=(threads, gpus, context.Value("i", 0), os.getpid()))
+                               initargs=(threads, gpus, context.Value("i", 0), os.getpid(), dict(os.environ)))
     try:  # from the first submit on: a Ctrl-C while the workers start stops them too (not after their runs)
+        warm_up(context)
         futures = {pool.submit(_run_one, cfg.to_dict(), wandb_dir, annotations, identity(r) if identity else None,
                                need): r
                    for cfg, r in zip(configs, todo)}
