@@ -480,7 +480,7 @@ def module_on_device(cfg: RunConfig, dm: FederatedDataModule, fabric: Fabric) ->
     set_ranks(run_ranks(fabric))  # what the method sees of the ranks (bench/core/ranks.py), for this run
     module = build_module(cfg, dm)
     check_cpu_bf16(cfg.precision, fabric.device.type, module, module.features, tuple(dm.train.images.shape[1:]))
-    idle = idle_option_warnings(cfg, module)
+    idle = idle_option_warnings(cfg.fed.rounds, cfg.fed.lr_milestones, module)
     if fabric.global_rank == 0:
         for warning in idle:  # at the start, so that a user can stop a run that cannot show what it should
             print(f"fedbench: warning: {cfg.run_name()}: {warning}", flush=True)

@@ -3,6 +3,8 @@ more than one class: what a finite loss alone does not show (Adam at a huge lr k
 while its BatchNorm statistics overflow, or collapses to one class)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from bench.core.errors import FedbenchError
@@ -99,13 +101,12 @@ def collapse_warnings(record: dict, trains: bool = True) -> list[str]:
     return out
 
 
-def idle_option_warnings(cfg, module) -> list[str]:
-    """Options that never act in this run's rounds: the method's own (``idle_options``: FedBM's generator
-    with gen_start >= rounds) and lr milestones at or after the last round. Printed when the run starts
-    and stored in the record's warnings (tables show them beside the row's cell)."""
-    rounds = cfg.fed.rounds
+def idle_option_warnings(rounds: int, lr_milestones: Sequence[int], module) -> list[str]:
+    """Options that never act in a run of ``rounds`` rounds: the method's own (``idle_options``: FedBM's
+    generator with gen_start >= rounds) and lr milestones at or after the last round. Printed when the run
+    starts and stored in the record's warnings (tables show them beside the row's cell)."""
     out = list(module.idle_options(rounds))
-    late = [m for m in cfg.fed.lr_milestones if m >= rounds]
+    late = [m for m in lr_milestones if m >= rounds]
     if late:
         out.append(f"fed.lr_milestones {late} lie at or after the last round (fed.rounds={rounds}): they never "
                    "change the lr. Drop them or run more rounds.")

@@ -81,3 +81,18 @@ def test_the_round_engine_never_imports_the_run_config():
     assert {m: sorted(reach(m) & {"bench.config", "bench.run_plan", "bench.experiment"}) for m in ROUND_ENGINE} == {
         m: [] for m in ROUND_ENGINE}
     assert "bench.config" in reach("bench.run_plan") and "bench.round_plan" in reach("bench.experiment")
+
+
+def test_no_round_engine_function_takes_the_run_config():
+    """Nor is it handed the config duck-typed: no function of the round engine has a ``cfg`` parameter (the
+    last one, health.idle_option_warnings, takes the rounds and lr milestones it reads)."""
+    import ast
+
+    taking = []
+    for module in ROUND_ENGINE:
+        tree = ast.parse(module_path(module, REPO).read_text())
+        taking += [f"{module}.{node.name}" for node in ast.walk(tree)
+                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                   and "cfg" in {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}]
+    assert taking == []
+    assert ast.parse("def f(cfg): pass").body[0].args.args[0].arg == "cfg"  # the parameter as the check reads it
