@@ -268,7 +268,7 @@ def console_main() -> None:
     the interpreter's final garbage collection of torch's and Lightning's objects (0.9-1.5 s here, far longer
     on a busy machine, before the shell gets its prompt back). Every exit, normal or interrupted (130, 143):
     by then the command has written and closed what it writes (records through bench/core/atomic_io, the
-    loggers finalized by bench/experiment.attached_loggers), stdout and stderr are flushed here, and exit
+    loggers finalized by bench/run_outputs.attached_loggers), stdout and stderr are flushed here, and exit
     handlers still run (W&B, multiprocessing's semaphores); only unreachable cycles are left to the OS."""
     code = main()
     for stream in (sys.stdout, sys.stderr):

@@ -39,7 +39,7 @@ class DataConfig:
     client_split_file: str | None = None
     # transfer evaluation (FACMIC Table 5: trained on BT, tested on BT2): every image of ``test_dataset``
     # (its train, val and test splits) at ``test_root`` is the test set, the run's own test split becomes
-    # the validation split (model selection); the classes must match (bench/experiment.setup_datamodule)
+    # the validation split (model selection); the classes must match (bench/run_data.setup_datamodule)
     test_dataset: str | None = None
     test_root: str | None = None
     # K-fold cross-validation (datamodules/folds.py): fold k (0..folds-1) of ``folds`` stratified folds over every
@@ -152,7 +152,7 @@ class RunConfig:
     save_final_state: bool = field(default=False, metadata=EXECUTION)  # also write the final global state
     wandb: bool = field(default=False, metadata=EXECUTION)
     wandb_project: str = field(default="fedbench", metadata=EXECUTION)
-    # per-round scalars also to TensorBoard (every run logs them to CSV; bench/experiment.py run_loggers)
+    # per-round scalars also to TensorBoard (every run logs them to CSV; bench/run_outputs.py run_loggers)
     tensorboard: bool = field(default=False, metadata=EXECUTION)
     progress: bool = field(default=True, metadata=EXECUTION)
 

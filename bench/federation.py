@@ -347,7 +347,7 @@ class Federation:
             log = self.run_round(r)
             entry = vars(log)
             self.history.append(entry)
-            if log.metrics:  # (on_round_end logs the round: bench/experiment.py log_round)
+            if log.metrics:  # (on_round_end logs the round: bench/run_outputs.py log_round)
                 bar.set_postfix({BAR_KEYS[k]: f"{v:.1f}" for k, v in log.metrics.items() if k in BAR_KEYS})
             if self.on_round_end is not None:
                 self.on_round_end(entry)

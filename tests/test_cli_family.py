@@ -227,12 +227,13 @@ def refuse_to_run(monkeypatch) -> None:
     import bench.experiment
     import bench.reporting.table_runner
     import bench.reporting.tables
+    import bench.run_data
 
     def started(*_, **__):
         raise AssertionError("a dry run started something")
 
     for module, name in ((bench.experiment, "run_experiment"), (bench.experiment, "launch"),
-                         (bench.experiment, "setup_datamodule"), (bench.reporting.table_runner, "execute"),
+                         (bench.run_data, "setup_datamodule"), (bench.reporting.table_runner, "execute"),
                          (bench.reporting.tables, "render_table")):
         monkeypatch.setattr(module, name, started)
 

@@ -14,8 +14,9 @@ from conftest import max_state_diff, run_in_process
 
 from bench.core.batches import DeviceData, EpochBatches
 from bench.core.seeding import torch_generator
-from bench.experiment import build_datamodule, build_module, to_device
+from bench.experiment import build_module
 from bench.federation import Federation
+from bench.run_data import build_datamodule, to_device
 from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter
@@ -151,9 +152,9 @@ def test_clip_zero_shot_run_is_zero_shot_and_trains_nothing(clip_cfg):
 
 def scramble_train_labels(monkeypatch) -> None:
     """Make every run permute the training labels right after the datamodule is set up."""
-    from bench import experiment
+    from bench import run_data
 
-    real_build = experiment.build_datamodule
+    real_build = run_data.build_datamodule
 
     def build(cfg):
         dm = real_build(cfg)
@@ -167,7 +168,7 @@ def scramble_train_labels(monkeypatch) -> None:
         dm.setup = setup
         return dm
 
-    monkeypatch.setattr(experiment, "build_datamodule", build)
+    monkeypatch.setattr(run_data, "build_datamodule", build)
 
 
 def test_fst_cbdg_training_never_reads_a_label(clip_cfg, monkeypatch):

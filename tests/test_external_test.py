@@ -9,7 +9,7 @@ from conftest import run_in_process
 from PIL import Image
 
 from bench.core.errors import FedbenchError
-from bench.experiment import setup_datamodule
+from bench.run_data import setup_datamodule
 from bench.validation import validate_config
 
 BT_DIRS = ["glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor"]  # Bhuvaji et al. (BT)

@@ -362,7 +362,8 @@ def test_random_freezing_is_fedavg_with_a_frozen_random_linear_head(tiny_cfg, ca
 
 def test_random_freezing_head_starts_as_fedavgs_head(tiny_cfg):
     """The same seeded draw as FedAvg's (trainable) head: PyTorch's default nn.Linear initialisation."""
-    from bench.experiment import build_datamodule, build_module
+    from bench.experiment import build_module
+    from bench.run_data import build_datamodule
 
     heads = {}
     for method in ("fedavg", "fedavg-random-frozen"):

@@ -18,8 +18,9 @@ from PIL import Image
 
 from bench.core.batches import DeviceData
 from bench.core.errors import DatasetNotFoundError
-from bench.experiment import build_datamodule, build_module, client_splits, make_fabric, to_device
+from bench.experiment import build_module, make_fabric
 from bench.federation import Federation
+from bench.run_data import build_datamodule, client_splits, to_device
 from bench.run_plan import eval_protocol, plan_rounds
 from datamodules.base import DATASETS
 from datamodules.partition import partition

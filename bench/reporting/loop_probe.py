@@ -44,7 +44,7 @@ def synthetic_data(samples: int, size: int, num_classes: int = 10):
 
 def fashion_mnist(samples: int, cache_dir: str | None):
     from bench.config import RunConfig
-    from bench.experiment import build_datamodule, to_device
+    from bench.run_data import build_datamodule, to_device
 
     cfg = RunConfig()
     cfg.data.max_train_samples = samples

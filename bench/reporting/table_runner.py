@@ -575,7 +575,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
 
 def check_data(todo: list[PlannedRun]) -> None:
     """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
-    from bench.experiment import setup_datamodule
+    from bench.run_data import setup_datamodule
 
     seen = set()
     for r in todo:

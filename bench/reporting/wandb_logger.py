@@ -19,8 +19,8 @@ from typing import Any
 from bench.code_version import code_version
 from bench.config import RunConfig
 from bench.core.errors import FedbenchError
-from bench.experiment import RunObserver, round_scalars
 from bench.reporting.columns import column_of, run_column
+from bench.run_outputs import RunObserver, round_scalars
 
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
 # the CSV's text columns (the others are numbers, or empty)
