@@ -57,18 +57,18 @@ def probe(**env: str) -> dict:
 
 
 def test_policy_ends_page_fault_churn_of_a_training_loop():
-    """Minor page faults per step over 3 epochs after a warm-up epoch, measured with this probe (1 thread)
-    under ATEN_CPU_CAPABILITY native/default/avx2 and oneDNN off: glibc's defaults 7,986 / 7,692 / 623 /
-    1,288, fedbench's policy 0 / 33 / 0 / 0 (with 2 threads: 726 vs 15). How much glibc churns depends on
-    where small long-lived buffers land in the heap, so the kernels in use move it by 10x; the policy
-    stays near 0. Asserted with a margin of 2 below the worst pair (623 vs 33, 19x): >= 300 faults per
-    step with the defaults and at least 8x fewer with the policy. Faults are counts, not time: they hold
-    on a busy machine."""
+    """Minor page faults per step over 3 epochs after a warm-up epoch, measured with this probe (1 thread).
+    glibc's defaults: 7,986 / 7,692 / 623 / 1,288 under ATEN_CPU_CAPABILITY native/default/avx2 and oneDNN
+    off (AMD EPYC); on the Xeon 1,164-8,249 quiet, 779-11,894 beside a busy core, and 291.9 once with two
+    full suites running beside it (where the pages land, and whether the kernel backs them with huge pages,
+    moves the count by 10x or more). fedbench's policy: 0 / 33 / 0 / 0, 0-26.1 beside a busy core (with 2
+    threads: 726 vs 15). Asserted with a margin of 2 on each side of the measured extremes: >= 145 faults per
+    step with the defaults (half the lowest), <= 66 with the policy (twice the highest)."""
     churn, calm = probe(**{OPT_OUT_ENV: "system"}), probe()
     assert churn["allocator"]["policy"] == "system" and churn["steps"] == calm["steps"] == 60
     if glibc() is None:
         assert calm["allocator"]["policy"] == "system"
         return
     assert calm["allocator"]["policy"] == "mallopt"
-    assert churn["minor_faults_per_step"] >= 300, churn
-    assert calm["minor_faults_per_step"] * 8 <= churn["minor_faults_per_step"], (calm, churn)
+    assert churn["minor_faults_per_step"] >= 145, churn
+    assert calm["minor_faults_per_step"] <= 66, (calm, churn)
