@@ -139,7 +139,7 @@ USAGE_FIELDS = ("user_seconds", "system_seconds", "minor_faults", "major_faults"
 def process_usage() -> torch.Tensor:
     """This process's CPU time (user, system, seconds) and page faults (minor, major) so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return torch.tensor([r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_majflt], dtype=torch.float64)
+    return torch.tensor([r.ru_utime, r.ru_stime, r.ru_minflt, r.ru_majflt], dtype=torch.float64, device="cpu")
 
 
 
