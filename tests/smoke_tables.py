@@ -126,7 +126,7 @@ def check_table(config: Path, md_path: Path, sets: dict[str, object]) -> str:
     spec = load_table_config(str(config))
     md = md_path.read_text()
     rows = table_rows(md)
-    labels = list(dict.fromkeys(r["label"] for r in spec["rows"]))
+    labels = spec.labels
     problems = [f"row {label!r} missing from the table" for label in labels if label not in rows]
     problems += [f"row {label!r} has a missing cell" for label in labels
                  if label in rows and any(c.startswith("missing") for c in rows[label])]
@@ -139,9 +139,9 @@ def check_table(config: Path, md_path: Path, sets: dict[str, object]) -> str:
 def smoke_command(config: Path, home: Path, work: Path) -> list[str]:
     """The `fedbench table` arguments of ``config``'s smoke run."""
     spec = load_table_config(str(config))
-    argv = ["table", "--config", str(config), "--data-home", str(home), "--seeds", str(spec["seeds"][0]),
+    argv = ["table", "--config", str(config), "--data-home", str(home), "--seeds", str(spec.seeds[0]),
             "--devices", "1", "--output-dir", str(work / "runs"), "--tables-dir", str(work / "tables")]
-    if spec.get("folds"):  # a cross-validation table: its first fold, as the others run their first seed
+    if spec.folds:  # a cross-validation table: its first fold, as the others run their first seed
         argv += ["--folds", "0"]
     for key, value in smoke_sets(config, work / "cache").items():
         argv += ["--set", f"{key}={value}"]

@@ -5,6 +5,7 @@ such, and `fedbench table --dry-run` / `--print_config` printing the table's pla
 writing anything."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import subprocess
@@ -23,6 +24,7 @@ from bench.reporting.catalog import load
 from bench.reporting.flags import hint_of
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import check_plan, load_table_config, plan_runs
+from bench.reporting.table_spec import TableSpec
 from datamodules.base import DATASETS
 from datamodules.partitions import PARTITION_SCHEMES
 from lightning_modules.base import METHODS
@@ -120,7 +122,7 @@ def test_table_rows_and_sets_take_the_same_forms_and_keep_labels_with_commas():
                  ["--rows", "FedAvg", "--rows", "FedBM"], ["--rows", "FedAvg", "--rows+", "FedBM"]):
         args = parser.parse_args(["--config", TABLE, *argv])
         assert TableOverrides.parse(spec, args.set, args.seeds, args.rows).rows == ["FedAvg", "FedBM"], argv
-    labelled = {**spec, "rows": [*spec["rows"], {"label": "FedCB, tau 10", "method": {"name": "fedcb"}}]}
+    labelled = dataclasses.replace(spec, rows=(*spec.rows, {"label": "FedCB, tau 10", "method": {"name": "fedcb"}}))
     for argv in (["--rows", "FedCB, tau 10"], ["--rows", '["FedCB, tau 10", FedAvg]']):
         args = parser.parse_args(["--config", TABLE, *argv])
         assert TableOverrides.parse(labelled, [], None, args.rows).rows[0] == "FedCB, tau 10"
@@ -207,8 +209,8 @@ def tiny_table(tmp_path: Path) -> list[str]:
     config.write_text(yaml.safe_dump(TINY))
     argv = ["--config", str(config), "--output-dir", str(tmp_path / "runs"), "--tables-dir", str(tmp_path / "tables")]
     args = command_module("table").build_parser().parse_args(argv)
-    runs = plan_runs(TINY, args.output_dir)
-    check_plan(runs, TINY, args)  # the devices and threads a table run gives them (they are in a record's name)
+    runs = plan_runs(TableSpec.parse(TINY, "tiny.yaml"), args.output_dir)
+    check_plan(runs, TableSpec.parse(TINY, "tiny.yaml"), args)  # the devices and threads a table run gives them (they are in a record's name)
     from bench.records import run_record_path
 
     for run, seconds, version in ((runs[0], 60.0, code_version(runs[0].cfg)), (runs[2], 200.0, "older-code")):
@@ -220,7 +222,7 @@ def tiny_table(tmp_path: Path) -> list[str]:
 
 def fedprox_version(tmp_path: Path) -> str:
     """The code version of tiny_table's FedProx runs in this checkout (each method has its own)."""
-    return code_version(next(r.cfg for r in plan_runs(TINY, str(tmp_path / "runs")) if r.label == "FedProx"))
+    return code_version(next(r.cfg for r in plan_runs(TableSpec.parse(TINY, "tiny.yaml"), str(tmp_path / "runs")) if r.label == "FedProx"))
 
 
 def refuse_to_run(monkeypatch) -> None:

@@ -22,6 +22,7 @@ from bench.reporting.coverage import coverage, format_report
 from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.protocols import RowProtocol, metric_at, protocol_difference, select_round
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
@@ -129,7 +130,7 @@ def test_coverage_is_what_the_renderer_prints(demo, tmp_path):
     every rendered cell with a number is one of them; protocol differences print no number."""
     papers, configs = demo
     result = coverage(str(configs), str(papers))
-    spec = yaml.safe_load((configs / "demo_digits.yaml").read_text())
+    spec = TableSpec.parse(yaml.safe_load((configs / "demo_digits.yaml").read_text()), "demo_digits.yaml")
     runs = plan_runs(spec, str(tmp_path / "runs"))
     for run in runs:
         history = [{"round": r, "metrics": {f"{s}/{m}": 10.0 * (r + 1) + run.seed for s in ("val", "test")
@@ -178,20 +179,25 @@ def test_every_partition_the_papers_print_is_a_column():
         parse_column("dirichlet")
 
 
+def table(raw: dict) -> TableSpec:
+    return TableSpec.parse(raw, "t.yaml")
+
+
 def test_betas_are_sugar_for_dirichlet_columns():
-    spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "base": {"partition": {"scheme": "dirichlet"}}}
-    cols = table_columns(spec)
+    spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "base": {"partition": {"scheme": "dirichlet"}},
+            "seeds": [0], "rows": [{"label": "A", "method": {"name": "fedavg"}}]}
+    cols = table_columns(TableSpec.parse(spec, "t.yaml"))
     assert [(c.id, c.paper_partition, c.label, c.partition) for c in cols] == [
         ("dirichlet-0.05", "dirichlet-0.05", "β=0.05", {"beta": 0.05}),
         ("dirichlet-0.1", "dirichlet-0.1", "β=0.1", {"beta": 0.1})]
     assert beta_column(0.5, "dirichlet_missing").paper_partition == "dirichlet-classwise"
     assert beta_column(1.0, "natural").paper_partition == "natural"
     with pytest.raises(FedbenchError, match="either 'columns' or 'betas'"):
-        table_columns({**spec, "columns": ["iid"]})
+        table_columns(TableSpec.parse({**spec, "columns": ["iid"]}, "t.yaml"))
     # a column's partition lands in its runs; the row's own partition comes last
-    runs = plan_runs({"table": "t", "dataset": "digits", "columns": ["lda-0.3", "shards-5", "iid"], "seeds": [0],
+    runs = plan_runs(table({"table": "t", "dataset": "digits", "columns": ["lda-0.3", "shards-5", "iid"], "seeds": [0],
                       "rows": [{"label": "A", "method": {"name": "fedavg"}},
-                               {"label": "B", "method": {"name": "fedavg"}, "partition": {"num_clients": 3}}]})
+                               {"label": "B", "method": {"name": "fedavg"}, "partition": {"num_clients": 3}}]}))
     got = {(r.label, r.columns[0]): (r.cfg.partition.scheme, r.cfg.partition.beta, r.cfg.partition.shards_per_client,
                                      r.cfg.partition.num_clients) for r in runs}
     assert got[("A", "lda-0.3")] == ("lda", 0.3, 2, 10)
@@ -203,10 +209,10 @@ def test_identical_rows_share_one_run_and_rows_that_differ_get_their_own():
     from bench.reporting.table_runner import distinct_runs
 
     rows = [{"label": "FedBM (VI)", "method": {"name": "fedavg"}}, {"label": "FedBM (IX)", "method": {"name": "fedavg"}}]
-    runs = plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0, 1], "rows": rows})
+    runs = plan_runs(table({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0, 1], "rows": rows}))
     assert len(runs) == 4 and len(distinct_runs(runs)) == 2
     rows[1]["fed"] = {"rounds": 7}  # differs in a result option only: its own record (issue 27), in one table
-    runs = plan_runs({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0], "rows": rows})
+    runs = plan_runs(table({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0], "rows": rows}))
     assert len(distinct_runs(runs)) == 2 and len({r.cfg.record_name() for r in runs}) == 2
 
 

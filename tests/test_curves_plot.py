@@ -66,7 +66,7 @@ def test_curves_draw_fedavg_as_reference_central_as_a_line_and_per_client_rows_a
     assert grey_curves(panels["FedRep (per-client)"]) == []  # no global-model row behind a per-client one
     # behind FedAvg: the other global-model row (Ours only, 70 at its last round) in each column, not Central
     behind = grey_curves(panels["FedAvg"])
-    assert len(behind) == len(SPEC["betas"]) and all(curve[-1][1] == 70.0 for curve in behind)
+    assert len(behind) == len(SPEC.betas) and all(curve[-1][1] == 70.0 for curve in behind)
     central_line = next(ln for ln in panels["Ours only"].get_lines() if ln.get_linestyle() == ":")
     assert central_line.get_ydata()[0] == 90.0  # Central's last round (fake_record: acc at the final round)
 
@@ -97,11 +97,12 @@ def test_panels_fit_the_figure_without_overlapping(tmp_path, monkeypatch):
     from itertools import combinations
 
     from bench.reporting.plots import plot_curves
+    from bench.reporting.table_spec import TableSpec
 
     for nrows in (45, 12, 1):
         figures = record_figures(monkeypatch)
         runs, records, columns = fake_table(nrows)
-        plot_curves({"table": "t", "dataset": "d"}, runs, records, tmp_path / f"c{nrows}.png", columns,
+        plot_curves(TableSpec("t", "d", (0,), (), {}), runs, records, tmp_path / f"c{nrows}.png", columns,
                     baseline=runs[0].label)
         (fig,) = figures
         renderer = fig.canvas.get_renderer()

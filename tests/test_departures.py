@@ -4,6 +4,7 @@ the W&B table), with each id's text in the legend (issue 37.3)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ from bench.core.errors import FedbenchError
 from bench.records import record_path
 from bench.reporting.departures import DOC_FILE, doc_ids, load_departures
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 from lightning_modules.base import METHODS
 
@@ -65,7 +67,7 @@ def test_a_bad_rule_is_one_clear_error_naming_the_file(tmp_path, entry, says):
     assert says in str(err.value)
 
 
-SPEC = {
+SPEC = TableSpec.parse({
     "table": "table2", "dataset": "oct-c8", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1],
     "metrics": ["accuracy"], "round_rule": "best-val-sum5",
     "base": {"data": {"name": "oct-c8"}, "partition": {"num_clients": 12},
@@ -77,7 +79,7 @@ SPEC = {
         {"label": "FedProto (client models)", "method": {"name": "fedproto"}, "fed": {"protocol": "local_mean"}},
         {"label": "Adam FedAvg", "method": {"name": "fedavg", "optimizer": "adam"}},
     ],
-}
+}, "t.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def test_the_wandb_table_has_the_departures_column(rendered, tmp_path, monkeypat
 
 
 def test_a_table_no_departure_covers_prints_no_mark(tmp_path):
-    spec = {**SPEC, "table": "mine", "paper": [], "rows": SPEC["rows"][:1]}
+    spec = dataclasses.replace(SPEC, table="mine", papers=(), rows=SPEC.rows[:1])
     runs = plan_runs(spec, str(tmp_path / "runs"))
     for run in runs:
         write_json(record_path(run.cfg.output_dir, run.cfg.experiment, run.cfg.run_name()), fake_record(run, 50.0))
@@ -178,7 +180,7 @@ def committed_marks(config: str) -> dict[str, set[str]]:
     spec = load_table_config(str(REPO / "configs" / "tables" / config))
     runs = plan_runs(spec, "/nonexistent/runs", check_records=False)
     out: dict[str, set[str]] = {}
-    for (label, _), ids in table_departures(spec["table"], runs, row_protocols(spec, runs)).items():
+    for (label, _), ids in table_departures(spec.table, runs, row_protocols(spec, runs)).items():
         out.setdefault(label, set()).update(ids)
     return out
 

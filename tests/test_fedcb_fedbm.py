@@ -316,14 +316,15 @@ def test_fedcb_fedbm_table_configs_plan(name):
 
 def test_table_rows_restricted_to_betas_must_cover_every_column():
     from bench.reporting.table_runner import plan_runs
+    from bench.reporting.table_spec import TableSpec
 
     spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "seeds": [0],
             "rows": [{"label": "A", "betas": [0.05], "method": {"name": "fedavg"}}]}
     with pytest.raises(FedbenchError, match=r"no run for beta\(s\) \[0.1\]"):
-        plan_runs(spec)
+        plan_runs(TableSpec.parse(spec, "t.yaml"))
     spec["rows"][0]["betas"] = [0.3]
     with pytest.raises(FedbenchError, match="not all in the table"):
-        plan_runs(spec)
+        plan_runs(TableSpec.parse(spec, "t.yaml"))
 
 
 # ---- Random (Freezing): FedAvg with a frozen random linear classifier (FedCB Sec. 1, FedBM Table VIII)

@@ -413,7 +413,7 @@ def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
 
     spec = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")
     runs = plan_runs(spec)
-    assert spec["metrics"] == ["balanced_accuracy", "auc"]
+    assert spec.metrics == ("balanced_accuracy", "auc")
     # one record per row and seed: rows must not share a run name, or they overwrite each other's records
     assert len({r.cfg.run_name() for r in runs}) == len(runs)
     for r in runs:

@@ -33,7 +33,7 @@ def test_table3_has_every_method_scored_per_client(dataset):
         assert by_paper_name.get(printed) == {method}, (dataset, printed, by_paper_name.get(printed))
     if dataset != "fashion-mnist":
         # the paper's five-fold cross-validation: one run per fold, each with seed 0 (tests/test_folds.py)
-        assert spec["round_rule"] == "max-test-bacc" and spec["folds"] == 5 and spec["seeds"] == [0]
+        assert spec.round_rule == "max-test-bacc" and spec.folds == 5 and spec.seeds == (0,)
         assert sorted({r.cfg.data.fold for r in runs}) == [0, 1, 2, 3, 4]
 
 
@@ -61,7 +61,7 @@ def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, 
     table3 = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")
     spec = load_table_config(f"configs/tables/fednpr-ablation_{dataset}.yaml")
     for key in ("base", "round_rule", "folds", "seeds", "metrics"):
-        assert spec[key] == table3[key], key
+        assert getattr(spec, key) == getattr(table3, key), key
     runs = plan_runs(spec)
     args = {r.label: r.cfg.method.args for r in runs}
     full = {"num_subclusters": k, "lam": lam}
@@ -71,7 +71,7 @@ def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, 
     assert {r.cfg.method.name for r in runs if "(T6)" in r.label} == {"fednpr", "fedbabu-npr", "fedrep-npr",
                                                                        "fedrod-npr"}
     # 16 rows; the full FedNPR-Per (Tables 4, 5, 7) and K=1 (Tables 4, 5) run once each: 13 runs per fold
-    assert len(distinct_runs(runs)) == 13 * spec["folds"]
+    assert len(distinct_runs(runs)) == 13 * spec.folds
 
 
 @pytest.mark.parametrize("config", ["fednpr_isic", "fednpr_ich", "fednpr_fashion-mnist", "fednpr-ablation_isic",

@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import digits_run_argv
 from official_layouts import build_rsna_csv, write_ich_split_file
 from test_bad_input import written_files
@@ -21,6 +22,7 @@ from bench.cli import main
 from bench.config import RunConfig, non_default, result_config
 from bench.core.errors import FedbenchError
 from bench.reporting.table_runner import fold_legend, load_table_config, plan_runs, run_label
+from bench.reporting.table_spec import TableSpec
 from bench.validation import validate_config
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.folds import stratified_folds
@@ -162,9 +164,10 @@ def test_fednpr_tables_plan_the_five_folds(config):
         assert [f"fold{k}of5" in r.cfg.run_name() for k, r in enumerate(mine)] == [True] * 5
     assert run_label(runs[3]) == f"(column {runs[3].columns[0]}, fold 3/5, seed 0)"
     rendered = fold_legend(spec)
-    assert rendered["title"].startswith(spec["title"]) and "over 5 folds" in rendered["title"]
-    assert rendered["seeds"] == [0] and "over the 5 folds" in rendered["notes"]
-    assert fold_legend(load_table_config("configs/tables/fednpr_fashion-mnist.yaml"))["seeds"] == [0, 1, 2]
+    assert rendered.title.startswith(spec.title) and "over 5 folds" in rendered.title
+    assert rendered.seeds == (0,) and "over the 5 folds" in rendered.notes
+    unfolded = load_table_config("configs/tables/fednpr_fashion-mnist.yaml")
+    assert fold_legend(unfolded) is unfolded and unfolded.seeds == (0, 1, 2)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -172,9 +175,9 @@ def test_fednpr_tables_plan_the_five_folds(config):
     ({"folds": 1}, "folds must be a whole number >= 2"),
 ])
 def test_bad_table_folds_are_one_clear_error(extra, message):
-    spec = {**load_table_config("configs/tables/fednpr_isic.yaml"), **extra}
+    raw = {**yaml.safe_load(Path("configs/tables/fednpr_isic.yaml").read_text()), **extra}
     with pytest.raises(FedbenchError) as err:
-        plan_runs(spec)
+        TableSpec.parse(raw, "fednpr_isic.yaml")
     assert message in str(err.value)
 
 

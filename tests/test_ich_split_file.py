@@ -15,6 +15,7 @@ from test_fednpr import SUBTYPES, build_rsna_csv
 from bench.core.errors import DatasetNotFoundError, FedbenchError
 from bench.reporting.columns import parse_column
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from datamodules.base import DATASETS
 from datamodules.client_split_file import read_client_split
 
@@ -188,9 +189,9 @@ def test_the_published_split_column_needs_the_file(tmp_path):
             "rows": [{"label": "FedNPR-Per", "method": {"name": "fednpr-per"}}]}
     with pytest.raises(FedbenchError, match="column dirichlet-classwise-file is a published client split: set "
                                             "data.client_split_file"):
-        plan_runs(spec)
+        plan_runs(TableSpec.parse(spec, "t.yaml"))
     spec["base"]["data"]["client_split_file"] = "ich_datasplit_10cl.npy"
-    (run,) = plan_runs(spec)
+    (run,) = plan_runs(TableSpec.parse(spec, "t.yaml"))
     assert (run.cfg.partition.scheme, run.cfg.fed.client_test) == ("natural", "site")
     assert parse_column("dirichlet-classwise-file").paper_partition == "dirichlet-classwise"  # FedNPR's key
 

@@ -36,7 +36,7 @@ def test_the_readme_s_counts_are_the_configs():
     assert WORDS[papers.group(1)] == len(papers.group(2).split(", ")) == len(list((REPO / "results/paper").glob("*.json")))
     spec, runs = plan("table2_fashion-mnist")
     rows, betas, seeds = map(int, re.search(r"(\d+) rows x (\d+) label skews x (\d+) seeds", readme).groups())
-    assert (rows, betas, seeds) == (len({r["label"] for r in spec["rows"]}), len(spec["betas"]), len(spec["seeds"]))
+    assert (rows, betas, seeds) == (len(spec.labels), len(spec.betas), len(spec.seeds))
     results = text("docs/results.md")
     assert f"{len(runs)} runs of {rows} rows x {betas} betas x {seeds} seeds" in results
     quick = yaml.safe_load((REPO / "configs/experiments/quick.yaml").read_text())
@@ -54,9 +54,9 @@ def test_the_record_names_shown_are_the_ones_written():
     examples = re.search(r"the run name being `[^`]*`, e\.g\. (.*?) \(`_<8 hex>`", tables).group(1)
     shown = re.findall(r"`([^`]+)`", examples)
     assert len(shown) == 3 and set(shown) <= names
-    rows = len({r["label"] for r in spec["rows"]})
+    rows = len(spec.labels)
     rounds = {r.cfg.fed.rounds for r in runs}
-    assert f"({rows} rows x {len(spec['betas'])} betas x {len(spec['seeds'])} seeds, {rounds.pop()} rounds each" in tables
+    assert f"({rows} rows x {len(spec.betas)} betas x {len(spec.seeds)} seeds, {rounds.pop()} rounds each" in tables
     assert not rounds
 
 

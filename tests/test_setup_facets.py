@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_tables import SPEC, fake_record
+from test_tables import SPEC_YAML, fake_record
 
 from bench.core.atomic_io import write_json
 from bench.records import run_record_path
@@ -18,6 +18,7 @@ from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.protocols import RowProtocol, protocol_difference, protocol_facets
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
@@ -55,7 +56,7 @@ def render(tmp_path, spec, sets=()):
 
 @pytest.fixture
 def table(tmp_path):
-    return render(tmp_path, {**SPEC, "rows": ROWS})
+    return render(tmp_path, TableSpec.parse({**SPEC_YAML, "rows": ROWS}, "t.yaml"))
 
 
 def test_a_row_with_other_rounds_says_setup_differs_and_gives_no_delta(table):
@@ -96,13 +97,14 @@ def test_a_stand_in_is_never_comparable(table, tmp_path):
     assert c["paper_mean"] is None and c["delta"] is None
     assert "not comparable: a stand-in (it runs fashion-mnist, not the paper's kvasir)" in md["FedAvg on Fashion-MNIST"]
     # a table config marked as a stand-in: no row of it is compared, although every facet matches
-    cells, _ = render(tmp_path / "marked", {**SPEC, "rows": ROWS[:1], "stand_in": "offline budget, tiny CNN"})
+    cells, _ = render(tmp_path / "marked", TableSpec.parse(
+        {**SPEC_YAML, "rows": ROWS[:1], "stand_in": "offline budget, tiny CNN"}, "t.yaml"))
     c = cells[("FedAvg", "dirichlet-0.05", "accuracy")]
     assert c["protocol_differs"] == "not comparable: a stand-in (offline budget, tiny CNN)" and c["delta"] is None
 
 
 def test_an_overridden_row_is_never_comparable(tmp_path):
-    spec = {**SPEC, "rows": ROWS[:1]}
+    spec = TableSpec.parse({**SPEC_YAML, "rows": ROWS[:1]}, "t.yaml")
     cells, md = render(tmp_path / "rounds", spec, ["fed.rounds=20"])
     c = cells[("FedAvg", "dirichlet-0.05", "accuracy")]
     assert c["protocol_differs"] == ("setup differs: rounds 20 vs 200; not comparable: its runs were changed on "

@@ -32,15 +32,15 @@ def test_a_cross_validation_config_smokes_its_first_fold(tmp_path):
     for config in CONFIGS:
         spec = load_table_config(str(config))
         argv = smoke_command(config, tmp_path, tmp_path)
-        if not spec.get("folds"):
+        if not spec.folds:
             assert "--folds" not in argv, config.name
             continue
         fold_configs += 1
         assert argv[argv.index("--folds") + 1] == "0", config.name
         overrides = TableOverrides.parse(spec, [], argv[argv.index("--seeds") + 1], None, "0")
         runs = plan_runs(overrides.select(spec), str(tmp_path / "runs"))
-        assert {r.cfg.data.fold for r in runs} == {0} and {r.cfg.data.folds for r in runs} == {spec["folds"]}
-        assert len(runs) == len(plan_runs(spec, str(tmp_path / "runs"))) // spec["folds"], config.name
+        assert {r.cfg.data.fold for r in runs} == {0} and {r.cfg.data.folds for r in runs} == {spec.folds}
+        assert len(runs) == len(plan_runs(spec, str(tmp_path / "runs"))) // spec.folds, config.name
     assert fold_configs == 4  # fednpr_ich, fednpr_isic and their ablations
 
 
@@ -48,25 +48,25 @@ def test_a_cross_validation_config_smokes_its_first_fold(tmp_path):
 def test_every_config_gets_a_small_offline_budget(config, tmp_path):
     spec = load_table_config(str(config))
     sets = smoke_sets(config, tmp_path / "cache")
-    overrides = TableOverrides.parse(spec, [f"{k}={v}" for k, v in sets.items()], str(spec["seeds"][0]), None)
+    overrides = TableOverrides.parse(spec, [f"{k}={v}" for k, v in sets.items()], str(spec.seeds[0]), None)
     runs = plan_runs(overrides.select(spec), str(tmp_path / "runs"))
     overrides.apply(runs)
-    assert {r.label for r in runs} == {r["label"] for r in spec["rows"]}  # every row, one seed
-    assert {r.cfg.seed for r in runs} == {spec["seeds"][0]}
+    assert {r.label for r in runs} == set(spec.labels)  # every row, one seed
+    assert {r.cfg.seed for r in runs} == {spec.seeds[0]}
     for run in runs:
         c = run.cfg
         assert (c.fed.rounds, c.fed.local_epochs, c.data.image_size, c.threads) == (2, 1, 16, 1)
         # never the full records: the overrides' own experiment (after a row's record_tag, if any)
         # (a derived average_of row is its first source row's run, so it carries that row's tag)
-        source = next((r for r in spec["rows"] if r["label"] == run.row["average_of"][0]), run.row) \
+        source = next((r for r in spec.rows if r["label"] == run.row["average_of"][0]), run.row) \
             if "average_of" in run.row else run.row
         tag = source.get("record_tag")
-        assert c.experiment.startswith(f"{spec['table']}_{spec['dataset']}{'-' + tag if tag else ''}__set-")
-        own = next(r for r in spec["rows"] if r["label"] == run.label).get("partition", {})
-        scheme = own.get("scheme", spec["base"].get("partition", {}).get("scheme"))
+        assert c.experiment.startswith(f"{spec.name}{'-' + tag if tag else ''}__set-")
+        own = next(r for r in spec.rows if r["label"] == run.label).get("partition", {})
+        scheme = own.get("scheme", spec.base_partition.get("scheme"))
         # natural partitions keep their sites; FedNTD's per-class shards (FST-CBDG) need s * N to be a multiple
         # of the classes: shards-2 of 10 classes -> 5 clients, shards-3 -> 10, shards-10 of CIFAR-100's 100 -> 10
-        expected = (spec["base"]["partition"]["num_clients"] if scheme == "natural"
+        expected = (spec.base_partition["num_clients"] if scheme == "natural"
                     else PER_CLASS_SHARD_CLIENTS.get(config.stem, 3))
         assert c.partition.num_clients == expected, run.label
         if c.partition.shard_mode == "per_class" and c.partition.scheme == "shards":

@@ -13,17 +13,18 @@ from bench.core.atomic_io import write_json
 from bench.health import collapse_warnings, method_trains
 from bench.records import run_record_path
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
 K, N_TEST = 4, 400  # chance 25%; SE of a chance-level accuracy: 100 sqrt(.25 .75 / 400) = 2.165 pp
 BALANCED = [100] * K
 
 
-def spec(rows: list[dict], seeds: list[int], round_rule: str = "final", **extra) -> dict:
-    return {"table": "standin", "dataset": "digits", "columns": ["iid"], "seeds": seeds,
+def spec(rows: list[dict], seeds: list[int], round_rule: str = "final", **extra) -> TableSpec:
+    return TableSpec.parse({"table": "standin", "dataset": "digits", "columns": ["iid"], "seeds": seeds,
             "metrics": ["accuracy", "balanced_accuracy"], "round_rule": round_rule,
             "base": {"data": {"name": "digits"}, "partition": {"num_clients": 4}, "fed": {"rounds": 5}},
-            "rows": rows, **extra}
+            "rows": rows, **extra}, "standin.yaml")
 
 
 def record(run, acc: float, predicted: list[int] | None = None, counts: list[int] | None = BALANCED,
@@ -42,7 +43,7 @@ def record(run, acc: float, predicted: list[int] | None = None, counts: list[int
             "warnings": list(warnings)}
 
 
-def render(tmp_path: Path, table: dict, make) -> tuple[dict, str]:
+def render(tmp_path: Path, table: TableSpec, make) -> tuple[dict, str]:
     """Write ``make(run)`` (a record) for every run, render; (cells by (row, metric), the Markdown)."""
     runs = plan_runs(table, str(tmp_path / "runs"))
     for run in runs:

@@ -70,6 +70,7 @@ def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
     from bench.reporting.columns import parse_column
     from bench.reporting.protocols import RowProtocol
     from bench.reporting.table_runner import PlannedRun
+    from bench.reporting.table_spec import TableSpec
     from bench.reporting.tables import collect, fmt
 
     columns = [parse_column(c) for c in ("dirichlet-0.5", "iid", "average")]
@@ -84,7 +85,7 @@ def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
 
     records = {id(r): record(r) for r in runs}
     protocols = {label: RowProtocol("global", "final", "fedavg") for label in ("A", "B")}
-    cells = collect({"metrics": ["accuracy"]}, runs, records, columns, protocols)
+    cells = collect(TableSpec("t", "d", (0, 1), (), {}, metrics=("accuracy",)), runs, records, columns, protocols)
     assert cells[("A", "dirichlet-0.5", "accuracy")]["warnings"] == ["seed 1: collapsed"]
     assert not cells[("A", "iid", "accuracy")].get("warnings")
     average = cells[("A", "average", "accuracy")]

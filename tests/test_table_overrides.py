@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_tables import SPEC, fake_record
+from test_tables import SPEC, SPEC_YAML, fake_record
 
 from bench.cli import main
 from bench.core.atomic_io import write_json
@@ -17,12 +17,15 @@ from bench.core.errors import FedbenchError
 from bench.records import record_path
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
-CB_SPEC = {**SPEC, "rows": [*SPEC["rows"], {"label": "FedCB, tau 10", "method": {"name": "fedcb", "args": {"tau": 10}}}]}
+CB_SPEC = TableSpec.parse({**SPEC_YAML, "rows": [*SPEC_YAML["rows"], {"label": "FedCB, tau 10",
+                                                                     "method": {"name": "fedcb", "args": {"tau": 10}}}]},
+                          "t.yaml")
 
 
-def planned(spec: dict, *sets: str, seeds: str | None = None, rows: list[str] | None = None, out: str = "runs"):
+def planned(spec: TableSpec, *sets: str, seeds: str | None = None, rows: list[str] | None = None, out: str = "runs"):
     ov = TableOverrides.parse(spec, list(sets), seeds, rows)
     runs = plan_runs(ov.select(spec), out)
     ov.apply(runs)
@@ -39,7 +42,7 @@ def test_values_are_typed_by_the_option():
         assert (c.fed.rounds, c.fed.sample_ratio, c.data.root, c.data.image_size, c.fed.weighting) == (
             2, 1.0, "2024", None, "uniform")
         assert isinstance(c.fed.sample_ratio, float) and c.fed.lr_milestones == [3, 5] and c.threads == 1
-        assert c.partition.num_clients == SPEC["base"]["partition"]["num_clients"] == 10  # untouched: the config's
+        assert c.partition.num_clients == SPEC.base["partition"]["num_clients"] == 10  # untouched: the config's
 
 
 def test_overrides_beat_row_options_and_method_args_go_where_accepted():
@@ -164,7 +167,7 @@ def test_cli_records_carry_the_overrides_and_the_subset_reuses_nothing_it_should
     """--render-only through the real CLI: the reduced table is written under its own name; the
     records of an overridden table would live in their own experiment folder (none exist yet)."""
     config = tmp_path / "t.yaml"
-    config.write_text(json.dumps(SPEC))
+    config.write_text(json.dumps(SPEC_YAML))
     monkeypatch.chdir(tmp_path)
     assert main(["table", "--config", str(config), "--render-only", "--set", "fed.rounds=1", "--seeds", "0",
                  "--tables-dir", "tables", "--output-dir", "runs"]) == 0

@@ -12,9 +12,10 @@ from bench.core.errors import FedbenchError
 from bench.records import record_path, run_record_path
 from bench.reporting.coverage import coverage
 from bench.reporting.table_runner import distinct_runs, plan_runs
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
-SPEC = {
+RAW = {  # the table config as its YAML file holds it
     "table": "facmic_t4", "dataset": "bt", "paper": "facmic", "columns": ["iid"], "seeds": [0, 1],
     "metrics": ["accuracy"], "round_rule": "max-test-acc",
     # FACMIC's BT setup (Sec. 3.2: 3 clients, 100 rounds x 1 local epoch, every client every round), so that its
@@ -29,6 +30,7 @@ SPEC = {
          "paper_setting": "batch_size=avg"},
     ],
 }
+SPEC = TableSpec.parse(RAW, "t4.yaml")
 ACC = {("bs 4", 0): 60.0, ("bs 4", 1): 62.0, ("bs 8", 0): 70.0, ("bs 8", 1): 76.0}
 
 
@@ -37,11 +39,12 @@ def test_record_tag_separates_runs_that_differ_only_in_unnamed_options(tmp_path)
     paths = {record_path(r.cfg.output_dir, r.cfg.experiment, r.cfg.run_name()) for r in distinct_runs(runs)}
     assert len(paths) == 4  # 2 batch sizes x 2 seeds; the Avg row runs nothing of its own
     assert {p.parent.name for p in paths} == {"facmic_t4_bt-bs4", "facmic_t4_bt-bs8"}
-    untagged = {**SPEC, "rows": [{k: v for k, v in r.items() if k != "record_tag"} for r in SPEC["rows"]]}
+    untagged = TableSpec.parse({**RAW, "rows": [{k: v for k, v in r.items() if k != "record_tag"} for r in RAW["rows"]]},
+                               "t4.yaml")
     # without tags the batch sizes still write their own records: a record's name holds its whole result
     # config (issue 27); the tag only makes the directory readable
     assert len({run_record_path(r.cfg) for r in distinct_runs(plan_runs(untagged, str(tmp_path)))}) == 4
-    bad = {**SPEC, "rows": [{**SPEC["rows"][0], "record_tag": "a/b"}]}
+    bad = TableSpec.parse({**RAW, "rows": [{**RAW["rows"][0], "record_tag": "a/b"}]}, "t4.yaml")
     with pytest.raises(FedbenchError, match="record_tag must be"):
         plan_runs(bad, str(tmp_path))
 
@@ -66,11 +69,11 @@ def test_average_row_is_the_per_seed_mean_of_its_rows(tmp_path):
 def test_coverage_counts_the_derived_row(tmp_path):
     import yaml
 
-    (tmp_path / "t4.yaml").write_text(yaml.safe_dump(SPEC))
+    (tmp_path / "t4.yaml").write_text(yaml.safe_dump(RAW))
     cells = {(c["table"], c["dataset"], c["setting"]): c for c in coverage(str(tmp_path), papers=["facmic"])["cells"]}
     for setting in ("batch_size=4", "batch_size=8", "batch_size=avg"):
         assert cells[("4", "bt", setting)]["covered"], setting
     assert not cells[("4", "bt", "batch_size=16")]["covered"]
-    bad = {**SPEC, "rows": [*SPEC["rows"][:2], {"label": "Avg", "average_of": ["bs 4"]}]}
+    bad = TableSpec.parse({**RAW, "rows": [*RAW["rows"][:2], {"label": "Avg", "average_of": ["bs 4"]}]}, "t4.yaml")
     with pytest.raises(FedbenchError, match="at least two distinct labels"):
         plan_runs(bad)

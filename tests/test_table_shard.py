@@ -10,6 +10,7 @@ import yaml
 
 from bench.cli import main
 from bench.reporting.table_runner import distinct_runs, plan_runs, shard_runs
+from bench.reporting.table_spec import TableSpec
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -36,7 +37,7 @@ def cells(folder: Path) -> dict:
 
 
 def test_shards_are_disjoint_and_cover_the_table(tmp_path):
-    runs = distinct_runs(plan_runs(spec(tmp_path), str(tmp_path / "runs"), check_records=False))
+    runs = distinct_runs(plan_runs(TableSpec.parse(spec(tmp_path), "t.yaml"), str(tmp_path / "runs"), check_records=False))
     for n in (1, 2, 3, 5):
         parts = [shard_runs(runs, (i, n)) for i in range(1, n + 1)]
         names = [r.cfg.run_name() for part in parts for r in part]

@@ -4,6 +4,7 @@ all-n/a paper columns, and the curves as small multiples."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import re
@@ -157,7 +158,7 @@ def test_table2_test_set_standard_error(table2):
 
 def test_table2_curves_are_small_multiples(table2):
     spec, _, paths, _ = table2
-    rows = len(spec["rows"])  # 22 panels: 4 rows of 6
+    rows = len(spec.rows)  # 22 panels: 4 rows of 6
     with Image.open(paths["curves"]) as img:
         assert img.size == (round(2.5 * 6 * 110), round((2.0 * math.ceil(rows / 6) + 0.9) * 110))
 
@@ -165,6 +166,6 @@ def test_table2_curves_are_small_multiples(table2):
 def test_baseline_must_be_a_row(table2, tmp_path):
     spec, runs, _, _ = table2
     with pytest.raises(FedbenchError, match="baseline 'FedAvgg' is not a row label"):
-        render_table({**spec, "baseline": "FedAvgg"}, runs, str(tmp_path))
-    paths = render_table({**spec, "baseline": None}, runs, str(tmp_path))  # null: no paired columns
+        render_table(dataclasses.replace(spec, baseline="FedAvgg", baseline_given=True), runs, str(tmp_path))
+    paths = render_table(dataclasses.replace(spec, baseline=None, baseline_given=True), runs, str(tmp_path))  # null: no paired columns
     assert "Δ FedAvg" not in Path(paths["md"]).read_text()

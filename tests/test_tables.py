@@ -13,9 +13,10 @@ from bench.core.atomic_io import write_json
 from bench.records import record_path
 from bench.reporting.paper_compare import welch_p
 from bench.reporting.table_runner import plan_runs, record_status
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
 
-SPEC = {
+SPEC_YAML = {  # a table config as its YAML file holds it
     "table": "table2", "dataset": "kvasir", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1, 2],
     "metrics": ["accuracy", "f1"], "round_rule": "best-val-sum5",
     # FedBM's Kvasir setup (Sec. IV-A: 10 clients, 200 rounds x 2 local epochs, half sampled per round), so that
@@ -30,6 +31,7 @@ SPEC = {
         {"label": "Ours only", "method": {"name": "fedprox"}},
     ],
 }
+SPEC = TableSpec.parse(SPEC_YAML, "t.yaml")
 # FedAvg accuracy per (beta, seed); (0.1, 2) is deliberately missing
 FEDAVG = {(0.05, 0): 55.0, (0.05, 1): 58.0, (0.05, 2): 61.0, (0.1, 0): 66.0, (0.1, 1): 70.0}
 
@@ -177,7 +179,7 @@ def test_stale_records_are_rerun(tmp_path, monkeypatch):
     assert record_status(run.cfg)[1] == "up to date"
     run.cfg.fed.rounds = 5
     assert record_status(run.cfg)[1] == "config changed"
-    run.cfg.fed.rounds = SPEC["base"]["fed"]["rounds"]
+    run.cfg.fed.rounds = SPEC.base["fed"]["rounds"]
     old = {**rec, "config": {**rec["config"], "fed": {k: v for k, v in rec["config"]["fed"].items() if k != "protocol"}}}
     write_json(path, old)  # a record from before fed.protocol existed: the option counts at its default
     assert record_status(run.cfg)[1] == "up to date"

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.core.errors import FedbenchError
+
+if TYPE_CHECKING:
+    from bench.reporting.table_spec import TableSpec
 
 _NUMBER = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
 _PATTERNS = (
@@ -146,15 +149,15 @@ def beta_column(beta: float, scheme: str, shards_per_client: int = 2) -> Column:
     return Column(name, name, name, {"beta": b}, beta=b)
 
 
-def columns_from(spec: dict[str, Any], where: str, base_partition: dict[str, Any]) -> list[Column]:
-    """The columns a table (or row) config names with ``columns`` or ``betas``."""
-    if "columns" in spec and "betas" in spec:
+def columns_from(columns: Any, betas: Any, where: str, base_partition: dict[str, Any]) -> list[Column]:
+    """The columns a table (or row) config names with ``columns`` or ``betas`` (None: not given)."""
+    if columns is not None and betas is not None:
         raise FedbenchError(f"{where}: give either 'columns' or 'betas' (sugar for Dirichlet columns), not both.")
-    if "columns" in spec:
-        cols = [parse_column(c) for c in spec["columns"]]
-    elif "betas" in spec:
+    if columns is not None:
+        cols = [parse_column(c) for c in columns]
+    elif betas is not None:
         scheme = base_partition.get("scheme", "dirichlet")
-        cols = [beta_column(b, scheme, base_partition.get("shards_per_client", 2)) for b in spec["betas"]]
+        cols = [beta_column(b, scheme, base_partition.get("shards_per_client", 2)) for b in betas]
         if scheme not in ("dirichlet", "dirichlet_missing") and len(cols) > 1:
             raise FedbenchError(f"{where}: 'betas' makes Dirichlet columns; the {scheme!r} partition has one "
                                 "column (use columns: [...] for other settings).")
@@ -166,7 +169,6 @@ def columns_from(spec: dict[str, Any], where: str, base_partition: dict[str, Any
     return cols
 
 
-def table_columns(spec: dict[str, Any]) -> list[Column]:
+def table_columns(spec: TableSpec) -> list[Column]:
     """The columns of a table config (its base partition decides what ``betas`` stands for)."""
-    base = (spec.get("base") or {}).get("partition") or {}
-    return columns_from(spec, f"Table {spec.get('table')}_{spec.get('dataset')}", base)
+    return columns_from(spec.columns, spec.betas, f"Table {spec.name}", spec.base_partition)

@@ -35,7 +35,6 @@ from bench.reporting.paper_compare import (
     PAPER_METRICS,
     PAPER_NAMES,
     match_row,
-    paper_names,
     per_paper,
     table_lookups,
 )
@@ -81,9 +80,9 @@ def scan_config(path: Path, cells: list[dict], claims: dict[tuple, list[Claim]])
     spec = load_table_config(str(path))
     runs = plan_runs(spec, check_records=False)  # which cells a config claims: its records are not read
     columns = table_columns(spec)
-    papers = paper_names(spec)
+    papers = list(spec.papers)
     mine = [c for c in cells if c["paper"] in papers]
-    index = ConfigIndex(str(path), papers, spec.get("metrics", ["accuracy", "f1"]), uncovered=spec.get("uncovered") or [])
+    index = ConfigIndex(str(path), papers, list(spec.metrics), uncovered=list(spec.uncovered))
     for (label, col_id), ref in table_lookups(spec, runs, columns).items():
         names = {p: per_paper(ref.row, "paper_method", p, ref.label) for p in papers}
         index.lookups.append((ref.dataset, label, ref.partitions, names))

@@ -67,9 +67,9 @@ def table_view(config: str, sets: list[str] | None = None, seeds: str | None = N
     _, spec, overrides, runs = planned_table(config, sets, seeds, rows)
     if not runs:
         raise FedbenchError(f"{config}: the table plans no run, so there is nothing to show.")
-    return TableView(name=overrides.table_name(f"{spec['table']}_{spec['dataset']}"), project=runs[0].cfg.wandb_project,
+    return TableView(name=overrides.table_name(spec.name), project=runs[0].cfg.wandb_project,
                      groups=list(dict.fromkeys(r.cfg.experiment for r in runs)),
-                     metrics=[f"test/{m}" for m in spec.get("metrics") or ["accuracy"]],
+                     metrics=[f"test/{m}" for m in spec.metrics],
                      rows=list(dict.fromkeys(r.label for r in runs)),
                      columns={partition_key(r.cfg): f"β={r.beta:g}" if r.beta is not None else partition_key(r.cfg)
                               for r in runs},

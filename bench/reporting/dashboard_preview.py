@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bench.core.atomic_io import atomic_write
 from bench.core.errors import FedbenchError
+
+if TYPE_CHECKING:
+    from bench.reporting.table_spec import TableSpec
 
 COST = ["time/round_seconds", "comm/bytes_up", "train/loss"]
 
@@ -28,7 +32,7 @@ class LoggedRun:
     summary: dict
 
 
-def logged_runs(spec: dict, runs: list) -> list[LoggedRun]:
+def logged_runs(spec: TableSpec, runs: list) -> list[LoggedRun]:
     """Every planned run that has a record, as its W&B run would hold it (runs without one are left out)."""
     from bench.records import find_record, load_record
     from bench.reporting.table_runner import wandb_identity
@@ -43,7 +47,7 @@ def logged_runs(spec: dict, runs: list) -> list[LoggedRun]:
         rule = wandb_identity(r, spec, None)["round_rule"]
         out.append(LoggedRun(r.label, r.beta, replayed_rows(rec), rule_summary(rec, rule)))
     if not out:
-        raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: no run has a record yet, so there is nothing "
+        raise FedbenchError(f"Table {spec.name}: no run has a record yet, so there is nothing "
                             "to draw (run the table, or pass the --output-dir its records are in).")
     return out
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
 from jsonargparse import ArgumentParser
 
 from bench.core.errors import FedbenchError
@@ -47,14 +46,13 @@ def availability(name: str, home: Path) -> str:
 
 def table_datasets(path: str) -> list[str]:
     """The dataset names a table config's runs read from the data home (rows with a data.root excluded)."""
-    try:
-        spec = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise FedbenchError(f"Cannot read the table config {path}: {err}.") from err
-    base = (spec.get("base") or {}).get("data") or {}
+    from bench.reporting.table_spec import load_table_config
+
+    spec = load_table_config(path)
+    base = spec.base.get("data") or {}
     names = []
-    for row in spec.get("rows") or [{}]:
-        data = base | ((row or {}).get("data") or {})
+    for row in spec.rows:
+        data = base | (row.get("data") or {})
         if data.get("name") and not data.get("root") and data["name"] not in names:
             names.append(data["name"])
     return names

@@ -40,6 +40,7 @@ from bench.reporting.protocols import (
     protocol_facets,
     row_protocol,
 )
+from bench.reporting.table_spec import TableSpec
 
 # runs behind a paper's mean ± std (the Welch test's n): 3 seeds (FedBM, FedCB), FedNPR's five-fold CV
 PAPER_RUNS = {"fedbm": 3, "fedcb": 3, "fednpr": 5}
@@ -53,13 +54,8 @@ PAPER_METRICS = {"auc": ("auc", "balanced_auc")}
 REF_KEYS = ("paper_method", "paper_table", "paper_setting")
 
 
-def paper_names(spec: dict) -> list[str]:
-    papers = spec.get("paper") or []
-    return [papers] if isinstance(papers, str) else list(papers)
-
-
-def load_cells(spec: dict, root: str = "results/paper") -> list[dict]:
-    return [c for p in paper_names(spec) for c in load_paper_numbers(p, root)]
+def load_cells(spec: TableSpec, root: str = "results/paper") -> list[dict]:
+    return [c for p in spec.papers for c in load_paper_numbers(p, root)]
 
 
 def per_paper(row: dict, key: str, paper: str, default: Any = None) -> Any:
@@ -70,9 +66,9 @@ def per_paper(row: dict, key: str, paper: str, default: Any = None) -> Any:
     return value
 
 
-def check_row_refs(spec: dict, row: dict, where: str) -> None:
+def check_row_refs(spec: TableSpec, row: dict, where: str) -> None:
     """Mappings in a row's paper keys must name the table's papers."""
-    papers = set(paper_names(spec))
+    papers = set(spec.papers)
     for key in REF_KEYS:
         value = row.get(key)
         if isinstance(value, dict) and not set(value) <= papers:
@@ -104,12 +100,12 @@ class RowLookup:
     partitions: list[str]  # papers' partition keys to try, in order
 
 
-def row_lookup(spec: dict, run, column: Column) -> RowLookup:
+def row_lookup(spec: TableSpec, run, column: Column) -> RowLookup:
     """The lookup of ``run``'s row in ``column`` (``run`` is the row's PlannedRun in that column)."""
     row = run.row
-    where = f"Table {spec['table']}_{spec['dataset']}, row {row['label']!r}"
+    where = f"Table {spec.name}, row {row['label']!r}"
     check_row_refs(spec, row, where)
-    dataset = row.get("paper_dataset") or spec.get("paper_dataset") or PAPER_DATASETS.get(
+    dataset = row.get("paper_dataset") or spec.paper_dataset or PAPER_DATASETS.get(
         run.cfg.data.name, run.cfg.data.name)
     own = own_partition_key(row.get("partition") or {}) if row.get("partition_independent") else None
     if own is not None:
@@ -122,13 +118,13 @@ def row_lookup(spec: dict, run, column: Column) -> RowLookup:
     return RowLookup(row["label"], row, dataset, protocol, partitions)
 
 
-def stand_in_reason(spec: dict, run) -> str | None:
+def stand_in_reason(spec: TableSpec, run) -> str | None:
     """Why ``run``'s row stands in for a paper's data: the table config's ``stand_in``, or the row names a
     ``paper_dataset`` other than the data it runs (a transfer row, data.test_dataset, tests on another
     dataset by design); None when it runs the paper's data."""
-    if spec.get("stand_in"):
-        return str(spec["stand_in"])
-    named = run.row.get("paper_dataset") or spec.get("paper_dataset")
+    if spec.stand_in:
+        return spec.stand_in
+    named = run.row.get("paper_dataset") or spec.paper_dataset
     own = PAPER_DATASETS.get(run.cfg.data.name, run.cfg.data.name)
     if named and named != own and not run.cfg.data.test_dataset:
         return f"it runs {run.cfg.data.name}, not the paper's {named}"
@@ -187,7 +183,7 @@ def match_row(cells: list[dict], papers: list[str], ref: RowLookup, metric: str)
     return out
 
 
-def table_lookups(spec: dict, runs: list, columns: list[Column]) -> dict[tuple[str, str], RowLookup]:
+def table_lookups(spec: TableSpec, runs: list, columns: list[Column]) -> dict[tuple[str, str], RowLookup]:
     """(row label, column id) -> what that table cell looks up, for every cell the table prints."""
     out: dict[tuple[str, str], RowLookup] = {}
     for label in dict.fromkeys(r.label for r in runs):
@@ -199,24 +195,24 @@ def table_lookups(spec: dict, runs: list, columns: list[Column]) -> dict[tuple[s
     return out
 
 
-def match_table(spec: dict, runs: list, columns: list[Column], cells: list[dict] | None = None
+def match_table(spec: TableSpec, runs: list, columns: list[Column], cells: list[dict] | None = None
                 ) -> dict[tuple[str, str, str], list[Match]]:
     """(row label, column id, metric) -> one Match per paper of the table, for every cell it prints."""
     cells = load_cells(spec) if cells is None else cells
-    papers = paper_names(spec)
+    papers = list(spec.papers)
     out: dict[tuple[str, str, str], list[Match]] = {}
     for (label, col_id), ref in table_lookups(spec, runs, columns).items():
-        for metric in spec.get("metrics", ["accuracy", "f1"]):
+        for metric in spec.metrics:
             out[(label, col_id, metric)] = match_row(cells, papers, ref, metric)
     return out
 
 
-def row_protocols(spec: dict, runs: list) -> dict[str, RowProtocol]:
+def row_protocols(spec: TableSpec, runs: list) -> dict[str, RowProtocol]:
     """label -> the protocol of the row (its first run)."""
     out = {}
     for r in runs:
         if r.label not in out:
-            out[r.label] = row_protocol(r.cfg, r.row, spec, f"Table {spec['table']}_{spec['dataset']}, row {r.label!r}",
+            out[r.label] = row_protocol(r.cfg, r.row, spec, f"Table {spec.name}, row {r.label!r}",
                                         getattr(r, "overrides", None), stand_in_reason(spec, r))
     return out
 

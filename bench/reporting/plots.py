@@ -6,11 +6,15 @@ written atomically (temporary file + rename).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bench.core.atomic_io import atomic_write
 from bench.partition_plot import plot_partition
+
+if TYPE_CHECKING:
+    from bench.reporting.table_spec import TableSpec
 
 
 def _save(fig, path: Path) -> None:
@@ -57,7 +61,7 @@ def row_kinds(runs: list, records: dict[int, dict]) -> dict[str, str]:
     return kinds
 
 
-def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, columns: list,
+def plot_curves(spec: TableSpec, runs: list, records: dict[int, dict], path: Path, columns: list,
                 panels_per_row: int = 6, baseline: str | None = None) -> dict[str, str]:
     """Small multiples: one panel per table row, its mean test curve over seeds per run column (colour; the
     band spans the seeds' min to max), on shared axes, so that twenty rows stay readable. Behind it, in grey,
@@ -68,7 +72,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    metric = spec.get("metrics", ["accuracy"])[0]
+    metric = spec.metrics[0]
     columns = [c for c in columns if not c.derived]
     labels = list(dict.fromkeys(r.label for r in runs))
     curves = {(label, col.id): mean_curves(runs, records, f"test/{metric}", label, col.id)
@@ -91,7 +95,7 @@ def plot_curves(spec: dict, runs: list, records: dict[int, dict], path: Path, co
         draw_panel(ax, label, kinds, curves, columns, colours, refs)
     label_axes(axes, len(drawn), ncols, metric)
     legend = curves_legend(fig, columns, colours, baseline, central)
-    title = fig.suptitle(f"{spec['table']} {spec['dataset']}: test {metric} per round, mean over seeds (band: min to max)",
+    title = fig.suptitle(f"{spec.heading}: test {metric} per round, mean over seeds (band: min to max)",
                          fontsize=9, y=1.0 - 0.3 / fig.get_figheight())
     widen_for(fig, [legend, title])
     place_panels(fig, nrows, ncols)
@@ -189,7 +193,7 @@ def curves_legend(fig, columns: list, colours: list[str], baseline: str | None, 
                bbox_to_anchor=(0.5, 1.0))
 
 
-def plot_partitions(spec: dict, runs: list, records: dict[int, dict], out_dir: Path, name: str,
+def plot_partitions(spec: TableSpec, runs: list, records: dict[int, dict], out_dir: Path, name: str,
                     columns: list) -> dict[str, str]:
     """The client-by-class heatmap of the first seed's partition for each run column (rows that
     depend on the partition only)."""

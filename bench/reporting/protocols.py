@@ -58,10 +58,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.core.errors import FedbenchError
 from bench.val_scores import VAL_SCORES, metric_sum
+
+if TYPE_CHECKING:
+    from bench.reporting.table_spec import TableSpec
 
 EVALS = {
     "global": "the global model on the global test set",
@@ -197,7 +200,7 @@ def describe_overrides(overrides: dict[str, Any] | None) -> str | None:
     return " ".join(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())
 
 
-def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
+def row_protocol(cfg, row: dict[str, Any], spec: TableSpec, where: str,
                  overrides: dict[str, Any] | None = None, stand_in: str | None = None) -> RowProtocol:
     """The protocol of a row whose (first) run has config ``cfg``; ``overrides``: the command-line
     changes of its runs (bench/reporting/table_overrides.py); ``stand_in``: why it is a stand-in."""
@@ -205,13 +208,13 @@ def row_protocol(cfg, row: dict[str, Any], spec: dict[str, Any], where: str,
 
     protocol, runs_centrally = method_traits(cfg.method.name)
     eval_protocol = cfg.scored_protocol(protocol, runs_centrally)
-    rule = row.get("round_rule") or default_round_rule(eval_protocol, spec.get("round_rule"))
+    rule = row.get("round_rule") or default_round_rule(eval_protocol, spec.round_rule)
     if rule not in ROUND_RULES:
         raise FedbenchError(f"{where}: unknown round_rule {rule!r}; choose one of {', '.join(ROUND_RULES)}.")
     if rule in NEEDS_VAL and eval_protocol == "per_client":
         raise FedbenchError(f"{where}: round_rule {rule!r} needs validation metrics, which the per-client "
                             "protocol has none of; use final or max-test-bacc.")
-    stand_in = stand_in or spec.get("stand_in")
+    stand_in = stand_in or spec.stand_in
     partition = None if row.get("partition_independent") else partition_key(cfg)
     return RowProtocol(eval_protocol, rule, cfg.method.name, run_setup(cfg, runs_centrally), partition,
                        describe_overrides(overrides), stand_in)

@@ -38,13 +38,16 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from bench.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
 from bench.core.errors import FedbenchError
 from bench.option_types import describe, matches
+
+if TYPE_CHECKING:
+    from bench.reporting.table_spec import TableSpec
 
 # the table's own axes and flags: not settable with --set (the message says what to use instead)
 RESERVED = {
@@ -132,11 +135,11 @@ def checked_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def pick_rows(spec: dict, wanted: list[str] | None) -> list[str] | None:
+def pick_rows(spec: TableSpec, wanted: list[str] | None) -> list[str] | None:
     """The row labels named by --rows (each value one label, or labels separated by commas)."""
     if not wanted:
         return None
-    labels = list(dict.fromkeys(r["label"] for r in spec["rows"]))
+    labels = spec.labels
     chosen: list[str] = []
     for item in wanted:
         for label in [item] if item in labels else [p.strip() for p in item.split(",") if p.strip()]:
@@ -165,26 +168,26 @@ def shown(wanted: str | list[int]) -> str:
     return wanted if isinstance(wanted, str) else f"[{','.join(map(str, wanted))}]"
 
 
-def pick_seeds(spec: dict, wanted: str | list[int] | None) -> list[int] | None:
+def pick_seeds(spec: TableSpec, wanted: str | list[int] | None) -> list[int] | None:
     """The seeds named by --seeds ([0,2], or '0' or '0,2'), a subset of the config's."""
     if wanted is None:
         return None
     seeds = comma_ints("seeds", "seeds", wanted)
-    outside = [s for s in seeds if s not in spec["seeds"]]
+    outside = [s for s in seeds if s not in spec.seeds]
     if not seeds or outside:
-        raise FedbenchError(f"--seeds {shown(wanted)}: choose among the config's seeds {spec['seeds']}.")
+        raise FedbenchError(f"--seeds {shown(wanted)}: choose among the config's seeds {list(spec.seeds)}.")
     return list(dict.fromkeys(seeds))
 
 
-def pick_folds(spec: dict, wanted: str | list[int] | None) -> list[int] | None:
+def pick_folds(spec: TableSpec, wanted: str | list[int] | None) -> list[int] | None:
     """The folds named by --folds ([0,2], or '0' or '0,2'), k of the config's ``folds: K`` (0 <= k < K)."""
     if wanted is None:
         return None
-    if not spec.get("folds"):
+    if not spec.folds:
         raise FedbenchError(f"--folds {shown(wanted)}: this table has no folds (it repeats over seeds; use --seeds).")
     folds = comma_ints("folds", "fold numbers", wanted)
-    if not folds or any(not 0 <= k < spec["folds"] for k in folds):
-        raise FedbenchError(f"--folds {shown(wanted)}: choose among the config's folds 0..{spec['folds'] - 1}.")
+    if not folds or any(not 0 <= k < spec.folds for k in folds):
+        raise FedbenchError(f"--folds {shown(wanted)}: choose among the config's folds 0..{spec.folds - 1}.")
     return sorted(set(folds))
 
 
@@ -208,14 +211,14 @@ class TableOverrides:
     applied_to: dict[str, list[str]] = field(default_factory=dict)  # method.args key -> row labels it changed
 
     @classmethod
-    def parse(cls, spec: dict, sets: list[str] | None, seeds: str | list[int] | None, rows: list[str] | None,
+    def parse(cls, spec: TableSpec, sets: list[str] | None, seeds: str | list[int] | None, rows: list[str] | None,
               folds: str | list[int] | None = None) -> TableOverrides:
         out = cls(checked_sets(sets or []), pick_seeds(spec, seeds), pick_rows(spec, rows), pick_folds(spec, folds))
-        if out.seeds == spec["seeds"]:
+        if out.seeds == list(spec.seeds):
             out.seeds = None
-        if out.folds is not None and out.folds == list(range(spec["folds"])):
+        if out.folds is not None and out.folds == list(range(spec.folds)):
             out.folds = None
-        if out.rows is not None and out.rows == list(dict.fromkeys(r["label"] for r in spec["rows"])):
+        if out.rows is not None and out.rows == spec.labels:
             out.rows = None
         return out
 
@@ -243,15 +246,15 @@ class TableOverrides:
         return (" — " + ", ".join(f"{k}={v}" for k, v in numeric.items()) + ", not the config's numeric settings"
                 if numeric else "")
 
-    def select(self, spec: dict) -> dict:
-        """A copy of the table config restricted to the chosen seeds and rows."""
-        out = copy.deepcopy(spec)
+    def select(self, spec: TableSpec) -> TableSpec:
+        """The table config restricted to the chosen seeds, rows and folds."""
+        out = spec
         if self.seeds is not None:
-            out["seeds"] = list(self.seeds)
+            out = dataclasses.replace(out, seeds=tuple(self.seeds))
         if self.rows is not None:
-            out["rows"] = [r for r in out["rows"] if r["label"] in self.rows]
+            out = dataclasses.replace(out, rows=tuple(r for r in out.rows if r["label"] in self.rows))
         if self.folds is not None:
-            out["run_folds"] = list(self.folds)  # table_repeats runs these folds of the K
+            out = dataclasses.replace(out, run_folds=tuple(self.folds))  # table_repeats runs these folds of the K
         return out
 
     def experiment(self, experiment: str) -> str:
@@ -330,7 +333,7 @@ class TableOverrides:
         """What every run record of this table stores about the command-line changes."""
         return {"overrides": dict(self.sets)} if self.sets else {}
 
-    def describe(self, spec: dict) -> list[str]:
+    def describe(self, spec: TableSpec) -> list[str]:
         """Lines for the rendered table: what differs from the config's budget (empty when nothing does)."""
         if self.full_budget and not self.sets:
             return []
@@ -345,10 +348,10 @@ class TableOverrides:
             where = f" (rows: {', '.join(rows)})" if rows is not None else ""
             lines.append(f"- --set {key}={json.dumps(value)}{where}")
         if self.seeds is not None:
-            lines.append(f"- seeds {self.seeds} of the config's {spec['seeds']}")
+            lines.append(f"- seeds {self.seeds} of the config's {list(spec.seeds)}")
         if self.folds is not None:
-            lines.append(f"- folds {self.folds} of the config's {spec['folds']} (data.fold 0..{spec['folds'] - 1})")
+            lines.append(f"- folds {self.folds} of the config's {spec.folds} (data.fold 0..{spec.folds - 1})")
         if self.rows is not None:
-            total = len(dict.fromkeys(r["label"] for r in spec["rows"]))
+            total = len(spec.labels)
             lines.append(f"- {len(self.rows)} of the config's {total} rows: {', '.join(self.rows)}")
         return lines

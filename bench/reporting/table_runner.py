@@ -30,12 +30,12 @@ Two row keys serve ablations:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -43,7 +43,6 @@ from bench.code_version import code_version, same_code
 from bench.config import OPTION_GROUPS, RunConfig, result_config
 from bench.core.errors import FedbenchError, FedbenchWarning
 from bench.core.lifetime import first_process
-from bench.core.paths import plain_name, shipped
 from bench.records import (
     RecordError,
     bare_record_path,
@@ -53,23 +52,17 @@ from bench.records import (
     same_result_config,
 )
 from bench.reporting.columns import columns_from, table_columns
-from bench.reporting.flags import CommandParser, config_kind, options_yaml, spellings
-from bench.reporting.spec import RUN_KEYS, check_overrides, deep_merge, load_spec, run_config
+from bench.reporting.flags import CommandParser, options_yaml, spellings
+from bench.reporting.spec import deep_merge, run_config
 from bench.reporting.table_jobs import JOB_MEMORY_GIB, mps_on
 from bench.reporting.table_overrides import TableOverrides
+from bench.reporting.table_spec import TableSpec, load_table_config
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
-TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
-              "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",
-              "cannot_show", "folds"}
-# a row's own keys; its other keys override RunConfig's option groups
-ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
-                "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
 DERIVED_ROW_KEYS = {"label", "average_of", "paper_method", "paper_table", "paper_setting", "paper_dataset"}
 # a table's runs score the test set at every evaluated round (its curves and test-based round rules
 # need them), unless its config says otherwise
 TABLE_DEFAULTS = {"fed": {"test_rounds": "all"}}
-UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", "setting", "reason"}
 
 
 @dataclass
@@ -85,52 +78,26 @@ class PlannedRun:
     fold: int | None = None  # its fold (data.fold) in a table with ``folds``
 
 
-def load_table_config(path: str) -> dict[str, Any]:
-    tables = shipped("configs/tables")
-    avail = sorted(x.name for x in tables.glob("*.yaml")) if tables.exists() else []
-    kind, keys = config_kind(path)
-    if kind == "regression" or kind == "run" and keys <= RUN_KEYS:
-        command = "run --config" if kind == "run" else "regression --config"
-        raise FedbenchError(f"{path} is a {kind} config, not a table's: use `fedbench {command} {path}`.")
-    spec = load_spec(path, "Table config", TABLE_KEYS, f" Available: {', '.join(avail) or 'none'}.")
-    for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
-        plain_name(spec.get(key), f"{path}: {key}", "the tables and records folders")
-    seeds = spec.get("seeds")
-    if (not isinstance(seeds, list) or not seeds or len(set(map(str, seeds))) != len(seeds)
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-        raise FedbenchError(f"{path}: seeds must list at least one seed, whole numbers >= 0 without repeats "
-                            f"(e.g. seeds: [0, 1, 2]), got {seeds!r}.")
-    for row in spec.get("rows", []):
-        check_overrides(row, f"{path}: row {row.get('label')!r}", ROW_OWN_KEYS | set(OPTION_GROUPS))
-    for entry in spec.get("uncovered") or []:
-        bad = set(entry) - UNCOVERED_KEYS if isinstance(entry, dict) else {"(not a mapping)"}
-        if bad or not {"paper", "table", "reason"} <= set(entry):
-            raise FedbenchError(f"{path}: uncovered entry {entry!r} needs paper, table and reason (and may name "
-                                f"{sorted(UNCOVERED_KEYS - {'paper', 'table', 'reason'})}).")
-    return spec
-
-
-def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records: bool = True) -> list[PlannedRun]:
+def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: bool = True) -> list[PlannedRun]:
     """The runs of a table config. ``check_records=False`` leaves check_shared_records to the caller
     (``fedbench table`` checks every run's options first: a typo'd option is named as such, not as
     two rows sharing a record)."""
-    experiment = f"{spec['table']}_{spec['dataset']}"
+    experiment = spec.name
     columns = table_columns(spec)
     by_id = {c.id: c for c in columns}
     ran = [c for c in columns if not c.derived]
     if not ran:
         raise FedbenchError(f"Table {experiment}: every column is derived ({[c.id for c in columns]}); add partitions to run.")
-    base_partition = deep_merge(RunConfig().to_dict()["partition"],
-                                (spec.get("base") or {}).get("partition") or {})
+    base_partition = deep_merge(RunConfig().to_dict()["partition"], spec.base_partition)
     runs = []
-    for row in spec["rows"]:
+    for row in spec.rows:
         if "average_of" in row:
             continue  # derived rows take their runs from their sources, below
         where = f"Table {experiment}, row {row['label']!r}"
         overrides = {k: v for k, v in row.items() if k in OPTION_GROUPS}
         if "columns" in row or "betas" in row:
             row_base = deep_merge(base_partition, overrides.get("partition", {}))
-            mine = [c.id for c in columns_from(row, where, row_base)]
+            mine = [c.id for c in columns_from(row.get("columns"), row.get("betas"), where, row_base)]
             if not set(mine) <= set(by_id) or any(by_id[c].derived for c in mine):
                 raise FedbenchError(f"{where}: columns {mine} not all in the table's run columns "
                                     f"{[c.id for c in ran]}.")
@@ -140,11 +107,11 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
             mine = mine[:1]
         for col_id in mine:
             column = by_id[col_id]
-            for axis, fold, repeat in table_repeats(spec, experiment):
+            for axis, fold, repeat in table_repeats(spec):
                 run = {**repeat, "experiment": experiment + record_suffix(row, where)}
                 if output_dir:
                     run["output_dir"] = output_dir
-                cfg = run_config(TABLE_DEFAULTS, spec.get("base") or {}, {"partition": column.partition}, overrides,
+                cfg = run_config(TABLE_DEFAULTS, spec.base, {"partition": column.partition}, overrides,
                                  run, where=where)
                 if column.client_split_file and (cfg.data.client_split_file is None
                                                  or cfg.fed.client_test != "site"):
@@ -167,38 +134,29 @@ def plan_runs(spec: dict[str, Any], output_dir: str | None = None, check_records
     return runs
 
 
-def table_repeats(spec: dict[str, Any], experiment: str) -> list[tuple[int, int | None, dict]]:
+def table_repeats(spec: TableSpec) -> list[tuple[int, int | None, dict]]:
     """(axis value, fold, run overrides) of each repeat of a run: one per seed, or with ``folds: K`` one per
     fold k = 0..K-1 (data.fold k of K, every fold with the table's one seed; rows are paired fold by fold)."""
-    folds = spec.get("folds")
-    if folds is None:
-        return [(seed, None, {"seed": seed}) for seed in spec["seeds"]]
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        raise FedbenchError(f"Table {experiment}: folds must be a whole number >= 2 (K-fold cross-validation), "
-                            f"got {folds!r}.")
-    if len(spec["seeds"]) != 1:
-        raise FedbenchError(f"Table {experiment}: with folds: {folds} the runs repeat over the folds; seeds must "
-                            f"name the one seed every fold trains with, got {spec['seeds']}.")
-    run = spec.get("run_folds", range(folds))  # --folds: some of them (table_overrides.pick_folds)
-    return [(k, k, {"seed": spec["seeds"][0], "data": {"fold": k, "folds": folds}}) for k in run]
+    if spec.folds is None:
+        return [(seed, None, {"seed": seed}) for seed in spec.seeds]
+    run = spec.run_folds if spec.run_folds is not None else range(spec.folds)  # --folds: some of them
+    return [(k, k, {"seed": spec.seeds[0], "data": {"fold": k, "folds": spec.folds}}) for k in run]
 
 
-def fold_legend(spec: dict[str, Any]) -> dict[str, Any]:
+def fold_legend(spec: TableSpec) -> TableSpec:
     """The table config as rendered: with ``folds``, its title and legend say the mean ± std and the paired
     differences are over the K folds (the render's "seeds" axis is the fold)."""
-    folds = spec.get("folds")
-    if folds is None:
+    if spec.folds is None:
         return spec
     from bench.reporting.tables import folds_run
 
-    seed, which = spec["seeds"][0], folds_run(spec)
-    title = spec.get("title", f"{spec['table']}_{spec['dataset']}")
-    notes = (f"Cross-validation: every mean ± std is over {which} of {folds}-fold cross-validation (fold k "
+    folds, seed = spec.folds, spec.seeds[0]
+    notes = (f"Cross-validation: every mean ± std is over {folds_run(spec)} of {folds}-fold cross-validation (fold k "
              f"tests on the k-th of {folds} folds of the pooled data, stratified by class and by site, and trains on "
              f"the other folds; seed {seed} in every fold); rows are paired fold by fold.")
-    return {**spec, "title": f"{title} — mean ± std over {folds_run(spec, article='')} ({folds}-fold "
-                             f"cross-validation, seed {seed})",
-            "notes": f"{notes}\n{spec.get('notes') or ''}"}
+    return dataclasses.replace(
+        spec, title=f"{spec.shown_title} — mean ± std over {folds_run(spec, article='')} ({folds}-fold "
+                    f"cross-validation, seed {seed})", notes=f"{notes}\n{spec.notes or ''}")
 
 
 def record_suffix(row: dict, where: str) -> str:
@@ -212,12 +170,12 @@ def record_suffix(row: dict, where: str) -> str:
     return f"-{tag}"
 
 
-def derived_runs(spec: dict[str, Any], runs: list[PlannedRun], experiment: str) -> list[PlannedRun]:
+def derived_runs(spec: TableSpec, runs: list[PlannedRun], experiment: str) -> list[PlannedRun]:
     """The runs behind ``average_of`` rows: their first source row's (so they run nothing new and are
     measured as it is); the averaging happens when the table is rendered (tables.collect)."""
     out = []
     labels = {r.label for r in runs}
-    for row in spec["rows"]:
+    for row in spec.rows:
         if "average_of" not in row:
             continue
         where = f"Table {experiment}, row {row['label']!r}"
@@ -357,7 +315,7 @@ def build_parser() -> CommandParser:
 
 def planned_table(config: str, sets: list[str] | None = None, seeds: str | None = None, rows: list[str] | None = None,
                   folds: str | None = None, output_dir: str | None = None
-                  ) -> tuple[dict, dict, TableOverrides, list[PlannedRun]]:
+                  ) -> tuple[TableSpec, TableSpec, TableOverrides, list[PlannedRun]]:
     """(the table config, the config as selected by --seeds/--rows/--folds, the command-line overrides, the
     planned runs with the overrides applied: their experiments are their records' folders and W&B groups).
     `fedbench table` and `fedbench dashboard` both plan a table through this, so that they agree."""
@@ -379,12 +337,12 @@ def main(argv: list[str]) -> int:
         set_data_home(args.data_home)
     full_spec, spec, overrides, runs = planned_table(args.config, args.set, args.seeds, args.rows, args.folds,
                                                      args.output_dir)
-    args.wandb = bool(full_spec.get("wandb")) if args.wandb is None else args.wandb
+    args.wandb = full_spec.wandb if args.wandb is None else args.wandb
     if args.dry_run or args.print_config:
         return show_plan(runs, spec, args, overrides, options)
     if first_process():  # what it is about to do, before the training stack is imported (the checks import it)
         what = "rendering the table from their records" if args.render_only else "checking every run before any starts"
-        print(f"{spec['table']} {spec['dataset']}: {len(distinct_runs(runs))} runs planned from {args.config}; {what}"
+        print(f"{spec.heading}: {len(distinct_runs(runs))} runs planned from {args.config}; {what}"
               + ("; CUDA MPS: on" if args.jobs > 1 and mps_on() else ""), flush=True)
     from bench.reporting.tables import render_table
 
@@ -405,7 +363,7 @@ def main(argv: list[str]) -> int:
                       "from the other shards (the shard that completes the set renders it, or run the same command "
                       "with --render-only).")
                 return 0
-    name = overrides.table_name(f"{spec['table']}_{spec['dataset']}")
+    name = overrides.table_name(spec.name)
     paths = render_table(fold_legend(spec), runs, overrides.tables_dir(args.tables_dir), name=name,
                          changes=overrides.describe(full_spec), reduced=overrides.reduced,
                          title_note=overrides.title_note(),
@@ -438,7 +396,7 @@ def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
     return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
 
 
-def show_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrides, options: str | None) -> int:
+def show_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOverrides, options: str | None) -> int:
     """--dry-run / --print_config: the runs checked as a real table run checks them, then the plan (the
     command's options first with --print_config); nothing runs and nothing is written (table_plan.py)."""
     from bench.reporting.table_plan import plan_text
@@ -449,12 +407,12 @@ def show_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverride
         check_plan(runs, spec, args, overrides)
     if options is not None:
         print(options)
-    title = f"{spec['table']} {spec['dataset']}" + (f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else "")
+    title = spec.heading + (f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else "")
     print(plan_text(shard_runs(distinct_runs(runs), args.shard), title, args.force, args.jobs, args.render_only))
     return 0
 
 
-def log_to_wandb(runs: list[PlannedRun], spec: dict, paths: dict[str, str], args, in_wandb: set[str],
+def log_to_wandb(runs: list[PlannedRun], spec: TableSpec, paths: dict[str, str], args, in_wandb: set[str],
                  trained: list[PlannedRun]) -> None:
     """Every record of the table as a W&B train run, once: a run W&B held before this command
     (``in_wandb``) is skipped, one this command ran (``trained``) was logged live, any other is replayed from its
@@ -542,7 +500,7 @@ def run_label(r: PlannedRun) -> str:
     return f"({column}, {repeat})"
 
 
-def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrides | None = None) -> None:
+def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOverrides | None = None) -> None:
     """Every planned run's options (bench/validation.py; with the command-line overrides applied),
     rows sharing a record, and the output folders, before any run starts. An invalid value given with
     --set is named as such: it is the same error in every row."""
@@ -553,7 +511,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
 
     check_jobs(args.jobs, getattr(args, "job_memory", JOB_MEMORY_GIB),
                visible_gpus(runs[0].cfg.accelerator) if args.jobs > 1 and runs else [])
-    devices, threads = table_devices(runs, args.devices, spec.get("devices"), args.jobs)
+    devices, threads = table_devices(runs, args.devices, spec.devices, args.jobs)
     for r in runs:
         r.cfg.devices = devices
         r.cfg.tensorboard = r.cfg.tensorboard or bool(getattr(args, "tensorboard", False))
@@ -562,7 +520,7 @@ def check_plan(runs: list[PlannedRun], spec: dict, args, overrides: TableOverrid
         except FedbenchError as err:
             given = overrides.blamed(str(err)) if overrides is not None else None
             if given is not None:
-                raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: --set {given}: {err}") from err
+                raise FedbenchError(f"Table {spec.name}: --set {given}: {err}") from err
             raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} {run_label(r)}: {err}") from err
         # several clients on a CPU: 1 thread per rank (bench/workers.py rank_threads); a one-client run keeps
         # the layout's threads, or under --jobs the worker's share of the cores (unset: not in its identity)
@@ -585,16 +543,16 @@ def check_data(todo: list[PlannedRun]) -> None:
             setup_datamodule(r.cfg)
 
 
-def wandb_identity(r: PlannedRun, spec: dict, annotations: dict | None) -> dict:
+def wandb_identity(r: PlannedRun, spec: TableSpec, annotations: dict | None) -> dict:
     """The W&B identity of a planned run: its table, row label, round rule, and whether --set changed it."""
     from bench.reporting.protocols import row_protocol
     from bench.reporting.wandb_logger import run_identity
 
     rule = row_protocol(r.cfg, r.row, spec, f"row {r.label!r}").round
-    return run_identity(r.cfg, table=spec["table"], row=r.label, round_rule=rule, overridden=bool(annotations))
+    return run_identity(r.cfg, table=spec.table, row=r.label, round_rule=rule, overridden=bool(annotations))
 
 
-def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None = None
+def execute(runs: list[PlannedRun], spec: TableSpec, args, annotations: dict | None = None
             ) -> tuple[int, list[PlannedRun]]:
     """Run the runs without a matching record; returns this process's global rank and the runs it ran.
     ``annotations`` (the command-line overrides) are stored in every record and W&B run."""
@@ -607,7 +565,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
     todo = []
     runs = shard_runs(distinct_runs(runs), getattr(args, "shard", None))
     if getattr(args, "shard", None) is not None and rank_zero_only.rank == 0:
-        print(f"{spec['table']} {spec['dataset']}: shard {args.shard[0]}/{args.shard[1]}")
+        print(f"{spec.heading}: shard {args.shard[0]}/{args.shard[1]}")
     for r in runs:
         reason = "--force" if args.force else record_status(r.cfg)[1]
         if reason != "up to date":
@@ -615,7 +573,7 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
             reasons[reason] += 1
     why = "; ".join(f"{n} {reason}" for reason, n in reasons.items())
     if rank_zero_only.rank == 0:  # the plan once, not once more from each rank Fabric starts
-        print(f"{spec['table']} {spec['dataset']}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
+        print(f"{spec.heading}: {len(runs)} runs, {len(runs) - len(todo)} up to date, "
               f"{len(todo)} to run" + (f" ({why})" if why else ""))
     if not todo:
         return 0, todo
@@ -627,12 +585,12 @@ def execute(runs: list[PlannedRun], spec: dict, args, annotations: dict | None =
     if args.jobs > 1:
         from bench.reporting.table_jobs import run_jobs
 
-        run_jobs(todo, args.jobs, args.wandb_dir, f"{spec['table']} {spec['dataset']} ({args.jobs} jobs)",
+        run_jobs(todo, args.jobs, args.wandb_dir, f"{spec.heading} ({args.jobs} jobs)",
                  lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations),
                  job_memory=args.job_memory)
         return 0, todo
     fabric = launch(make_fabric(todo[0].cfg))
-    bar = tqdm(todo, desc=f"{spec['table']} {spec['dataset']}", unit="run", disable=fabric.global_rank != 0)
+    bar = tqdm(todo, desc=spec.heading, unit="run", disable=fabric.global_rank != 0)
     for r in bar:
         bar.set_postfix_str(f"{r.label} {r.columns[0]} seed={r.seed}")
         run_experiment(r.cfg, fabric, observer=wandb_observer(r.cfg, args.wandb_dir, annotations,

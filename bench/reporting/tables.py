@@ -47,7 +47,6 @@ from bench.reporting.paper_compare import (
     compare,
     load_cells,
     match_table,
-    paper_names,
     row_protocols,
 )
 from bench.reporting.paper_sources import FACETS, inferred_facets
@@ -56,6 +55,7 @@ from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
 from bench.reporting.table_files import csv_text, table_json
 from bench.reporting.table_grid import Grid, fmt, grid_header, grid_rows, markdown_blocks  # noqa: F401 (fmt: tests)
 from bench.reporting.table_overrides import REDUCED_TITLE
+from bench.reporting.table_spec import TableSpec
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
@@ -68,12 +68,12 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)  # one seed: no spread
 
 
-def collect(spec: dict, runs: list, records: dict[int, dict], columns: list[Column],
+def collect(spec: TableSpec, runs: list, records: dict[int, dict], columns: list[Column],
             protocols: dict[str, RowProtocol]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """(row label, column id, metric) -> values over seeds, their mean/std and how many were expected.
     A derived column (``average``) holds, per seed, the mean of the row's values in the other columns."""
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
-    metrics = spec.get("metrics", ["accuracy", "f1"])
+    metrics = spec.metrics
     each = repeat_word(spec)
     for run in runs:
         rec = records.get(id(run))
@@ -188,14 +188,14 @@ def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str
     return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
 
 
-def baseline_label(spec: dict, runs: list) -> str | None:
+def baseline_label(spec: TableSpec, runs: list) -> str | None:
     """The row every other row is paired with: ``baseline:`` in the table config (a row label, or null for
     none), else the row labelled FedAvg, else the first row whose method is fedavg; None when there is none."""
     labels = list(dict.fromkeys(r.label for r in runs))
-    if "baseline" in spec:
-        label = spec["baseline"]
+    if spec.baseline_given:
+        label = spec.baseline
         if label is not None and label not in labels:
-            raise FedbenchError(f"Table {spec['table']}_{spec['dataset']}: baseline {label!r} is not a row label; "
+            raise FedbenchError(f"Table {spec.name}: baseline {label!r} is not a row label; "
                                 f"rows: {labels}.")
         return label
     if "FedAvg" in labels:
@@ -249,18 +249,18 @@ def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labe
 EVAL_NAMES = {"global": "global-model", "per_client": "per-client", "local_mean": "client-mean"}
 
 
-def folds_run(spec: dict, article: str = "the ") -> str:
+def folds_run(spec: TableSpec, article: str = "the ") -> str:
     """Which folds a fold table's mean ± std is over: "the 5 folds" ("5 folds" with article=""), or with
     --folds "fold 0 of the 5 folds"."""
-    folds, run = spec["folds"], spec.get("run_folds")
+    folds, run = spec.folds, spec.run_folds
     if run is None:
         return f"{article}{folds} folds"
     return f"fold{'s' if len(run) > 1 else ''} {', '.join(str(k) for k in run)} of the {folds} folds"
 
 
-def repeat_word(spec: dict) -> str:
+def repeat_word(spec: TableSpec) -> str:
     """What a table repeats its runs over, as its legend and warnings name it: "fold" with ``folds``, else "seed"."""
-    return "fold" if spec.get("folds") else "seed"
+    return "fold" if spec.folds else "seed"
 
 
 def test_se_line(cells: dict) -> list[str]:
@@ -298,15 +298,15 @@ def paper_legend(cells: dict, papers: list[str]) -> str:
     return line
 
 
-def legend_lines(spec: dict, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
+def legend_lines(spec: TableSpec, labels: list[str], protocols: dict[str, RowProtocol], cells: dict, papers: list[str],
                  baseline: str | None, paper_shown: bool, columns: list[Column], runs: list,
                  records: dict[int, dict] | None = None) -> list[str]:
     """The table's legend, one Markdown bullet per kind of column and mark."""
     shown = ", ".join(papers) or "none"
     each = repeat_word(spec)
-    over = (f"{folds_run(spec)} (data.fold 0..{spec['folds'] - 1}; seed {spec['seeds'][0]} in every fold)"
-            if spec.get("folds") else f"seeds {spec['seeds']}")
-    lines = [f"Ours: mean ± sample std over {over} (%). {protocol_note(labels, protocols, spec.get('round_rule'))}"]
+    over = (f"{folds_run(spec)} (data.fold 0..{spec.folds - 1}; seed {spec.seeds[0]} in every fold)"
+            if spec.folds else f"seeds {list(spec.seeds)}")
+    lines = [f"Ours: mean ± sample std over {over} (%). {protocol_note(labels, protocols, spec.round_rule)}"]
     if baseline is not None:
         others = [lab for lab in labels if lab != baseline and protocols[lab].eval != protocols[baseline].eval]
         line = (f"Δ {baseline}: every row runs on the same partition per {each}, so per {each} the row minus "
@@ -365,10 +365,10 @@ class Assembled:
     departures: dict[str, str] = field(default_factory=dict)  # id -> legend text, of every id a row carries
 
 
-def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
+def assemble(spec: TableSpec, runs: list, papers_root: str) -> Assembled:
     """Every cell of the table: ours from the records, marked (cell_marks.py), compared with each paper's
     cell (paper_compare.py), with its paired difference to the baseline and its bold (uncertainty.py)."""
-    metrics = spec.get("metrics", ["accuracy", "f1"])
+    metrics = list(spec.metrics)
     columns = table_columns(spec)
     labels = list(dict.fromkeys(r.label for r in runs))
     protocols = row_protocols(spec, runs)
@@ -377,7 +377,7 @@ def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
     cells = collect(spec, runs, records, columns, protocols)
     mark_cells(cells, protocols, list(records.values()))
     matches = match_table(spec, runs, columns, load_cells(spec, papers_root))
-    papers = paper_names(spec)
+    papers = list(spec.papers)
     # one column group per paper with a cell in this table; one plain "paper" group when none has
     groups = [p for p in papers if any(m.cell is not None for ms in matches.values() for m in ms if m.paper == p)]
     for key, cell in cells.items():
@@ -392,11 +392,11 @@ def assemble(spec: dict, runs: list, papers_root: str) -> Assembled:
                      mark_departures(spec, runs, protocols, cells))
 
 
-def mark_departures(spec: dict, runs: list, protocols: dict[str, RowProtocol], cells: dict) -> dict[str, str]:
+def mark_departures(spec: TableSpec, runs: list, protocols: dict[str, RowProtocol], cells: dict) -> dict[str, str]:
     """Per cell: ``departures``, the ids of the departures (docs/departures.md) that can move it; returns
     id -> legend text for every id the table prints."""
     deps = load_departures()
-    found = table_departures(spec["table"], runs, protocols, deps)
+    found = table_departures(spec.table, runs, protocols, deps)
     for (label, col_id, _), cell in cells.items():
         cell["departures"] = cell_departures(found, label, col_id)
     used = sorted({i for cell in cells.values() for i in cell["departures"]}, key=id_key)
@@ -409,12 +409,12 @@ def setup_record(runs: list, records: dict[int, dict]) -> dict | None:
     return federated[0] if federated else next(iter(records.values()), None)
 
 
-def markdown(spec: dict, runs: list, a: Assembled, grid: Grid, title: str, changes: list[str] | None) -> list[str]:
+def markdown(spec: TableSpec, runs: list, a: Assembled, grid: Grid, title: str, changes: list[str] | None) -> list[str]:
     """The Markdown page: title, what a stand-in cannot show, changes, setup, legend, the grid, the ⚠
     list, the footnotes and the config's notes."""
     some = setup_record(runs, a.records)
-    md = [f"# {title}", "", *([f"**What this stand-in cannot show:** {spec['cannot_show'].strip()}", ""]
-                              if spec.get("cannot_show") else [])]
+    md = [f"# {title}", "", *([f"**What this stand-in cannot show:** {spec.cannot_show.strip()}", ""]
+                              if spec.cannot_show else [])]
     if changes:
         md += [*changes, ""]
     if some is not None:
@@ -430,8 +430,8 @@ def markdown(spec: dict, runs: list, a: Assembled, grid: Grid, title: str, chang
     if grid.footnotes:
         md += ["", "Protocol and setup differences (ours vs the paper's cell): "
                + " ".join(f"[{n}] {text}." for text, n in grid.footnotes.items())]
-    if spec.get("notes"):
-        md += ["", spec["notes"].strip()]
+    if spec.notes:
+        md += ["", spec.notes.strip()]
     return md
 
 
@@ -464,7 +464,7 @@ def keep_complete(json_path: Path, cells: dict) -> None:
             f"--replace-table to overwrite it with the less complete table.")
 
 
-def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
+def render_table(spec: TableSpec, runs: list, tables_dir: str = "results/tables", papers_root: str = "results/paper",
                  name: str | None = None, changes: list[str] | None = None, reduced: bool = False, title_note: str = "",
                  replace: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
@@ -472,14 +472,14 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
     config; ``reduced``: not the config's budget, which the title then says (``title_note``: what it says instead). A table already there is never
     replaced by a less complete one (keep_complete) unless ``replace``."""
-    name = plain_name(name or f"{spec['table']}_{spec['dataset']}", "the table's name", tables_dir)
+    name = plain_name(name or spec.name, "the table's name", tables_dir)
     a = assemble(spec, runs, papers_root)
     if not replace:
         keep_complete(Path(tables_dir) / f"{name}.json", a.cells)
     grid = Grid(each=repeat_word(spec))
     grid_header(grid, a.cells, a.labels, a.columns, a.metrics, a.baseline, a.groups, a.papers, METRIC_LABELS)
     grid_rows(grid, a.cells, a.labels, a.baseline)
-    title = spec.get("title", f"{spec['table']}_{spec['dataset']}") + (
+    title = spec.shown_title + (
         title_note or (REDUCED_TITLE if reduced else ""))
     md = markdown(spec, runs, a, grid, title, changes)
     out_dir = Path(tables_dir)
@@ -494,7 +494,7 @@ def render_table(spec: dict, runs: list, tables_dir: str = "results/tables", pap
     atomic_write_text(paths["md"], "\n".join(md) + "\n")
     atomic_write_text(paths["csv"], csv_text(a.cells, by_id, a.baseline))
     write_json(paths["json"], table_json(
-        a.cells, by_id, table=spec["table"], dataset=spec["dataset"], name=name, title=title,
+        a.cells, by_id, table=spec.table, dataset=spec.dataset, name=name, title=title,
         experiment=runs[0].cfg.experiment if runs else name, reduced=reduced, changes=changes or [], papers=a.papers,
         baseline=a.baseline, setup=setup_line(some) if some else "", figures=figures,
         columns=[c.id for c in a.columns], protocols={lab: vars(a.protocols[lab]) for lab in a.labels},
