@@ -6,14 +6,7 @@ import pytest
 from conftest import REPO
 
 from bench.cli import main
-from bench.reporting.regression import (
-    compare,
-    entry_names,
-    entry_tolerance,
-    load_config,
-    load_reference,
-    run_entry,
-)
+from bench.reporting.regression import compare, load_config, load_reference, run_entry
 from lightning_modules.base import FederatedModule
 from lightning_modules.fedavg import FedAvg
 
@@ -29,10 +22,10 @@ def fedavg_run():
 
 
 def check(name: str, measured: dict) -> list[str]:
-    return compare(measured, load_reference(name, REFERENCES), entry_tolerance(SPEC, name))
+    return compare(measured, load_reference(name, REFERENCES), SPEC.tolerance_of(name))
 
 
-@pytest.mark.parametrize("name", [n for n in entry_names(SPEC) if n != "fedavg"])
+@pytest.mark.parametrize("name", [n for n in SPEC.names if n != "fedavg"])
 def test_entry_matches_reference(name):
     failures = check(name, run_entry(SPEC, name))
     assert not failures, f"{name}: " + "; ".join(failures)
@@ -57,13 +50,13 @@ def test_changed_loss_is_detected(monkeypatch, fedavg_run):
 def test_stale_reference_and_missing_metric_fail(fedavg_run):
     ref = load_reference("fedavg", REFERENCES)
     other = {**ref, "config": {**ref["config"], "seed": 1}}
-    assert "stale reference" in compare(fedavg_run, other, SPEC["tolerance"])[0]
+    assert "stale reference" in compare(fedavg_run, other, SPEC.tolerance)[0]
     # written before fed.protocol existed: the option counts at its default; set, the reference is stale
-    assert "protocol" not in ref["config"]["fed"] and not compare(fedavg_run, ref, SPEC["tolerance"])
+    assert "protocol" not in ref["config"]["fed"] and not compare(fedavg_run, ref, SPEC.tolerance)
     scored = {**ref, "config": {**ref["config"], "fed": {**ref["config"]["fed"], "protocol": "global"}}}
-    assert "stale reference" in compare(fedavg_run, scored, SPEC["tolerance"])[0]
+    assert "stale reference" in compare(fedavg_run, scored, SPEC.tolerance)[0]
     no_auc = {**fedavg_run, "metrics": {**fedavg_run["metrics"], "test/auc": None}}
-    assert compare(no_auc, ref, SPEC["tolerance"]) == ["test/auc: None vs reference " + str(ref["metrics"]["test/auc"])]
+    assert compare(no_auc, ref, SPEC.tolerance) == ["test/auc: None vs reference " + str(ref["metrics"]["test/auc"])]
 
 
 def test_cli_rejects_update_without_reason_and_unknown_entries(tmp_path, capsys):

@@ -54,13 +54,28 @@ def test_table_config_typos(tmp_path, change, message):
          "run 'a' has unknown key(s) ['threads']; allowed: ['channels_last', 'compile', 'data', 'fed', "),
         ({"runs": [{"name": "a", "fed": {"round": 2}}]},
          "run 'a' has unknown key(s) ['round'] in fed; allowed:"),
+        ({"tolerance": {"test/accuracy": -0.5}},
+         "spec.yaml: tolerance: a tolerance is a number of percentage points >= 0, got {'test/accuracy': -0.5}."),
+        ({"runs": [{"name": "a", "tolerance": {"test/accuracy": "1"}}]},
+         "run 'a': tolerance: a tolerance is a number of percentage points >= 0, got {'test/accuracy': '1'}."),
     ],
-    ids=["config-key", "base-group-key", "execution-key", "entry-group-key"],
+    ids=["config-key", "base-group-key", "execution-key", "entry-group-key", "negative-tolerance", "text-tolerance"],
 )
 def test_regression_config_typos(tmp_path, change, message):
     with pytest.raises(FedbenchError) as err:
         load_config(write(tmp_path, {**REGRESSION, **change}))
     assert message in str(err.value)
+
+
+def test_the_regression_set_is_parsed_once_into_typed_entries(tmp_path):
+    spec = load_config(write(tmp_path, {**REGRESSION, "base": {"fed": {"rounds": 2}},
+                                        "runs": [{"name": "a", "method": {"name": "fedavg"}},
+                                                 {"name": "b", "seed": 1, "tolerance": {"test/accuracy": 0.2}}]}))
+    assert spec.names == ["a", "b"] and spec.base == {"fed": {"rounds": 2}}
+    assert (spec.entry("b").overrides, spec.tolerance_of("a"), spec.tolerance_of("b")) == (
+        {"seed": 1}, {"test/accuracy": 1.0}, {"test/accuracy": 0.2})
+    with pytest.raises(FedbenchError, match="No regression run named 'c'; known: a, b."):
+        spec.entry("c")
 
 
 def test_missing_spec_and_not_a_mapping(tmp_path):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,15 @@ from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
 from bench.records import git_commit
 from bench.reporting.flags import CommandParser
-from bench.reporting.spec import RUN_KEYS, canonical, check_overrides, load_spec, run_config, with_defaults
+from bench.reporting.spec import (
+    RUN_KEYS,
+    canonical,
+    check_overrides,
+    load_spec,
+    plain_copy,
+    run_config,
+    with_defaults,
+)
 
 DEFAULT_CONFIG = "configs/regression.yaml"
 DEFAULT_REFERENCES = "results/reference"
@@ -35,47 +45,81 @@ CONFIG_KEYS = {"tolerance", "base", "runs"}
 ENTRY_KEYS = {"name", "tolerance"} | (RUN_KEYS - execution_keys(RunConfig) - {"experiment"})
 
 
-def load_config(path: str = DEFAULT_CONFIG) -> dict[str, Any]:
-    """The regression config, checked: known keys, unique entry names, a tolerance per metric."""
-    spec = load_spec(path, "Regression config", CONFIG_KEYS)
-    if not spec.get("tolerance") or not spec.get("runs"):
+@dataclass(frozen=True)
+class RegressionEntry:
+    """One run of the regression set: its name (its reference is <name>.json, its experiment regression_<name>)."""
+
+    name: str
+    overrides: dict[str, Any]  # the options that determine its numbers, over the config's base
+    tolerance: dict[str, float]  # its own absolute tolerances, overriding the config's
+
+
+@dataclass(frozen=True)
+class RegressionSpec:
+    """configs/regression.yaml, parsed and checked once (load_config)."""
+
+    tolerance: dict[str, float]  # metric -> absolute tolerance (pp)
+    base: dict[str, Any]
+    runs: tuple[RegressionEntry, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.runs]
+
+    def entry(self, name: str) -> RegressionEntry:
+        found = next((e for e in self.runs if e.name == name), None)
+        if found is None:
+            raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(self.names)}.")
+        return found
+
+    def tolerance_of(self, name: str) -> dict[str, float]:
+        """The absolute tolerances of entry ``name``: the config's, overridden by the entry's own."""
+        return {**self.tolerance, **self.entry(name).tolerance}
+
+
+def load_config(path: str = DEFAULT_CONFIG) -> RegressionSpec:
+    """The regression config, checked: known keys, unique entry names, a tolerance (a number >= 0) per metric."""
+    raw = load_spec(path, "Regression config", CONFIG_KEYS)
+    tolerance, runs = raw.get("tolerance"), raw.get("runs")
+    if not isinstance(tolerance, dict) or not tolerance or not isinstance(runs, list) or not runs:
         raise FedbenchError(f"{path}: needs 'tolerance' (metric: absolute pp) and 'runs'.")
-    names = [e.get("name") for e in spec["runs"]]
+    check_tolerances(tolerance, f"{path}: tolerance")
+    names = [e.get("name") if isinstance(e, dict) else None for e in runs]
     if None in names or len(set(names)) != len(names):
         raise FedbenchError(f"{path}: every run needs a unique 'name'; got {names}.")
-    for entry in spec["runs"]:
-        plain_name(entry["name"], f"{path}: a run's name", "the references folder")  # <name>.json, regression_<name>
-        check_overrides(entry, f"{path}: run {entry['name']!r}", ENTRY_KEYS)
-        if set(entry.get("tolerance", {})) - set(spec["tolerance"]):
-            raise FedbenchError(f"{path}: run {entry['name']!r} has a tolerance for metric(s) "
-                                f"{sorted(set(entry['tolerance']) - set(spec['tolerance']))} not under 'tolerance'.")
-    return spec
+    entries = []
+    for entry in runs:
+        name = entry["name"]
+        plain_name(name, f"{path}: a run's name", "the references folder")  # <name>.json, regression_<name>
+        check_overrides(entry, f"{path}: run {name!r}", ENTRY_KEYS)
+        own = entry.get("tolerance") or {}
+        if set(own) - set(tolerance):
+            raise FedbenchError(f"{path}: run {name!r} has a tolerance for metric(s) "
+                                f"{sorted(set(own) - set(tolerance))} not under 'tolerance'.")
+        check_tolerances(own, f"{path}: run {name!r}: tolerance")
+        entries.append(RegressionEntry(name, plain_copy({k: v for k, v in entry.items() if k not in ("name", "tolerance")}),
+                                       dict(own)))
+    return RegressionSpec(dict(tolerance), plain_copy(raw.get("base") or {}), tuple(entries))
 
 
-def entry_names(spec: dict) -> list[str]:
-    return [e["name"] for e in spec["runs"]]
+def check_tolerances(tolerance: dict, where: str) -> None:
+    bad = {k: v for k, v in tolerance.items()
+           if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0}
+    if bad:
+        raise FedbenchError(f"{where}: a tolerance is a number of percentage points >= 0, got {bad}.")
 
 
-def entry_tolerance(spec: dict, name: str) -> dict[str, float]:
-    """The absolute tolerances of entry ``name``: the config's, overridden by the entry's own."""
-    entry = next((e for e in spec["runs"] if e["name"] == name), {})
-    return {**spec["tolerance"], **entry.get("tolerance", {})}
-
-
-def entry_config(spec: dict, name: str, output_dir: str) -> RunConfig:
+def entry_config(spec: RegressionSpec, name: str, output_dir: str) -> RunConfig:
     """The RunConfig of entry ``name``: defaults, then ``base``, then the entry's overrides."""
-    entry = next((e for e in spec["runs"] if e["name"] == name), None)
-    if entry is None:
-        raise FedbenchError(f"No regression run named {name!r}; known: {', '.join(entry_names(spec))}.")
+    entry = spec.entry(name)
     # accelerator "cpu": the references are CPU numbers; on a GPU machine "auto" would take CUDA (other
     # kernels, other random streams) and fail against them
     run = {"experiment": f"regression_{name}", "output_dir": output_dir, "accelerator": "cpu",
            "checkpoint_dir": str(Path(output_dir) / "ckpt"), "progress": False, "wandb": False}
-    return run_config(spec.get("base") or {}, {k: v for k, v in entry.items() if k not in ("name", "tolerance")}, run,
-                      where=f"regression run {name!r}")
+    return run_config(spec.base, entry.overrides, run, where=f"regression run {name!r}")
 
 
-def run_entry(spec: dict, name: str) -> dict[str, Any]:
+def run_entry(spec: RegressionSpec, name: str) -> dict[str, Any]:
     """Run entry ``name`` in a fresh temporary directory; returns {config, metrics, history}."""
     from bench.experiment import run_experiment
 
@@ -83,7 +127,7 @@ def run_entry(spec: dict, name: str) -> dict[str, Any]:
         cfg = entry_config(spec, name, tmp)
         record = run_experiment(cfg)
     final = record.get("final") or {}
-    metrics = {k: final.get(k) for k in spec["tolerance"]}
+    metrics = {k: final.get(k) for k in spec.tolerance}
     curve = [h["metrics"].get("test/accuracy") for h in record["history"] if h.get("metrics")]
     return {"config": result_config(cfg.to_dict()), "metrics": metrics, "test_accuracy_per_round": curve,
             "protocol": record.get("protocol"), "versions": record.get("versions")}
@@ -117,10 +161,10 @@ def compare(measured: dict[str, Any], reference: dict[str, Any], tolerance: dict
     return failures
 
 
-def write_reference(name: str, measured: dict[str, Any], spec: dict, reason: str,
+def write_reference(name: str, measured: dict[str, Any], spec: RegressionSpec, reason: str,
                     reference_dir: str = DEFAULT_REFERENCES) -> Path:
     path = reference_path(name, reference_dir)
-    ref = {"name": name, **measured, "tolerance": entry_tolerance(spec, name), "reason": reason,
+    ref = {"name": name, **measured, "tolerance": spec.tolerance_of(name), "reason": reason,
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "git_commit": git_commit(), "code_version": code_version(measured["config"])}
     write_json(path, ref)
@@ -142,7 +186,7 @@ def main(argv: list[str]) -> int:
     if args.update_references and not (args.reason or "").strip():
         raise FedbenchError("--update needs --reason \"why the numbers moved\".")
     spec = load_config(args.config)
-    names = args.only or entry_names(spec)
+    names = args.only or spec.names
     for name in names:
         entry_config(spec, name, "unused")  # unknown names fail before anything runs
     failed = 0
@@ -153,7 +197,7 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {shown} -> {write_reference(name, measured, spec, args.reason, args.reference_dir)}")
             continue
         reference = load_reference(name, args.reference_dir)
-        failures = compare(measured, reference, entry_tolerance(spec, name))
+        failures = compare(measured, reference, spec.tolerance_of(name))
         if failures and not same_code(reference.get("code_version"), measured["config"]):
             failures.append(f"(the code changed since the reference: {reference.get('code_version')} -> "
                             f"{code_version(measured['config'])}; reference reason: {reference.get('reason')!r})")
