@@ -36,12 +36,12 @@ if __name__ == "__main__" or Path(sys.argv[0]).name == "fedbench":  # the comman
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
+from bench.assembly.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
+from bench.assembly.ports import launcher_pid
 from bench.core.allocator import apply_allocator_policy
 from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
-from bench.ports import launcher_pid
 from bench.reporting.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
@@ -49,7 +49,7 @@ HELP = {
     "resume": "true: continue from the latest checkpoint, refused if it was written under another config, code "
               "or data; force: continue anyway (the record lists the differences)",
     "devices": "ranks (Fabric processes); auto: one 1-thread rank per core on a multi-core CPU, each training "
-               "its own clients (one rank for a central run or on a GPU); see bench/workers.py",
+               "its own clients (one rank for a central run or on a GPU); see bench/assembly/workers.py",
     "timeout": "minutes a rank waits for the others at a round's collective before giving up with an error",
 }
 
@@ -80,7 +80,7 @@ def run_parser() -> ArgumentParser:
     parser.add_argument("--data-home", type=str | None, default=None,
                         help=f"folder holding the datasets under their archive names (default ${DATA_HOME_ENV}, "
                              "else ./data); an explicit --data.root wins")
-    parser.set_defaults(devices="auto")  # the command's default: the cores as client workers (bench/workers.py)
+    parser.set_defaults(devices="auto")  # the command's default: the cores as client workers (bench/assembly/workers.py)
     show_choices(parser)
     return parser
 
@@ -197,7 +197,7 @@ def run_command(argv: list[str]) -> int:
 def run_one(argv: list[str]) -> int:
     """`fedbench run`: parse and check the names (no torch yet: a typo is answered at once), say what runs,
     then import the training stack and run."""
-    from bench.records import best_test_scores, find_record
+    from bench.assembly.records import best_test_scores, find_record
     from bench.reporting.catalog import check_names
 
     cfg = parse_run(argv)
@@ -207,7 +207,7 @@ def run_one(argv: list[str]) -> int:
         rounds = f"{cfg.fed.rounds} round{'s' if cfg.fed.rounds != 1 else ''}"
         print(f"fedbench run: {cfg.run_name()} ({rounds}, {cfg.partition.num_clients} clients, devices {cfg.devices}); "
               f"record under {cfg.output_dir}", flush=True)
-    from bench.experiment import run_experiment
+    from bench.assembly.experiment import run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 
     record = run_experiment(cfg, observer=wandb_observer(cfg))
@@ -221,11 +221,11 @@ def run_one(argv: list[str]) -> int:
 
 
 def print_error_here(text: str) -> bool:
-    """Whether this process prints the error ``text`` (bench/liveness.print_error_once): always, when no
+    """Whether this process prints the error ``text`` (bench/engine/liveness.print_error_once): always, when no
     process group can exist yet (torch.distributed not imported: an argument error, answered without torch)."""
     if "torch.distributed" not in sys.modules:
         return True
-    from bench.liveness import print_error_once
+    from bench.engine.liveness import print_error_once
 
     return print_error_once(text)
 
@@ -268,7 +268,7 @@ def console_main() -> None:
     the interpreter's final garbage collection of torch's and Lightning's objects (0.9-1.5 s here, far longer
     on a busy machine, before the shell gets its prompt back). Every exit, normal or interrupted (130, 143):
     by then the command has written and closed what it writes (records through bench/core/atomic_io, the
-    loggers finalized by bench/run_outputs.attached_loggers), stdout and stderr are flushed here, and exit
+    loggers finalized by bench/assembly/run_outputs.attached_loggers), stdout and stderr are flushed here, and exit
     handlers still run (W&B, multiprocessing's semaphores); only unreachable cycles are left to the OS."""
     code = main()
     for stream in (sys.stdout, sys.stderr):

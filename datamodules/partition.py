@@ -8,7 +8,7 @@ name through :data:`~datamodules.partitions.PARTITION_SCHEMES`; each scheme is o
 ``datamodules/partitions/`` (``iid``, ``dirichlet``, ``dirichlet_missing``, ``shards``, ``lda``,
 ``proportions``, ``natural``), whose docstring says how it draws. Adding a scheme is adding a file
 there (see ``datamodules/partitions/__init__.py``). The heatmap of a partition is drawn by
-``bench/partition_plot.py``.
+``bench/assembly/partition_plot.py``.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from torch import nn
 from bench.core.errors import FedbenchError
 
 BACKBONES = ("resnet18", "efficientnet_b0", "efficientnet_lite0", "simple-cnn")
-GRAY_STEMS = ("sum", "fresh")  # method.gray_stem (bench/config.py)
+GRAY_STEMS = ("sum", "fresh")  # method.gray_stem (bench/assembly/config.py)
 SIMPLE_CNN_WIDTH = re.compile(r"simple-cnn(?:-w(\d+))?")  # simple-cnn (width 32) or simple-cnn-w<width>
 
 

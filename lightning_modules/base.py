@@ -1,5 +1,5 @@
 """FederatedModule: one method of the benchmark, as a LightningModule plus the per-client contract
-that the Fabric orchestrator (bench/federation.py) drives.
+that the Fabric orchestrator (bench/engine/federation.py) drives.
 
 A round, for each sampled client (on the rank that owns it):
 
@@ -53,7 +53,7 @@ and precision (``fabric.autocast`` is ctx.autocast). It never calls ``fabric.set
 the module in DistributedDataParallel, which all-reduces gradients after every backward pass, i.e.
 averages the steps of *different clients* trained at the same time on different ranks. In federated
 learning each rank trains its own clients independently and models meet only at the round's one
-all-reduce of the weighted states (bench/aggregation.py). For the same reason the loss is scaled by a
+all-reduce of the weighted states (bench/engine/aggregation.py). For the same reason the loss is scaled by a
 GradScaler of its own per local update, not Fabric's shared one: a shared scaler's state would carry
 over from one client to the next and depend on which rank trained which client.
 """
@@ -94,7 +94,7 @@ class UndeclaredClientStateError(FedbenchError):
 class NoClientState(dict):
     """``ctx.state`` of a method that declares no per-client state (``keeps_client_state = False``):
     always empty, and writing to it is refused, because its clients may train on any rank
-    (bench/placement.py), where the state would not be kept."""
+    (bench/engine/placement.py), where the state would not be kept."""
 
     def __init__(self, method: str) -> None:
         super().__init__()
@@ -287,11 +287,11 @@ class FederatedModule(L.LightningModule):
       protocol           default evaluation: 'global' (global model on the global test set),
                          'per_client' (each client's model on its own split) or 'local_mean' (each
                          client's model on the global test set); a run's ``fed.protocol`` overrides it
-      runs_centrally     trained as one client holding the pooled data (bench/central.py)
+      runs_centrally     trained as one client holding the pooled data (bench/assembly/central.py)
       keeps_client_state writes ``ctx.state`` (control variates, a previous model, prototypes): each
                          client then trains on the rank that keeps its state (rank c % N)
       trains             False: nothing is ever trained (zero-shot CLIP), so a constant prediction is
-                         its answer, never a collapse (bench/health.py)
+                         its answer, never a collapse (bench/engine/health.py)
       adam_eps           Adam's eps when method.optimizer is adam/adamw (torch's 1e-8; CLIP's 1e-6)
     Methods that read class prompts set ``prompt_info`` (the concepts and templates used, where they
     came from); the run record keeps it.
@@ -481,7 +481,7 @@ class FederatedModule(L.LightningModule):
     def idle_options(self, rounds: int) -> list[str]:
         """Warnings for options of this method that never act in a run of ``rounds`` rounds (an option
         that only acts after some round): the run then equals another method's, which a user comparing
-        the two must be told. Stored in the record and shown in tables (bench/health.py)."""
+        the two must be told. Stored in the record and shown in tables (bench/engine/health.py)."""
         return []
 
     # ---- federated shape and server ------------------------------------------------------

@@ -1,5 +1,5 @@
 """Central learning: the FedAvg module trained on the pooled data, as a federation of one client
-(bench/central.py: rounds x local_epochs one-epoch rounds, one optimizer)."""
+(bench/assembly/central.py: rounds x local_epochs one-epoch rounds, one optimizer)."""
 from lightning_modules.base import METHODS, FederatedModule
 
 

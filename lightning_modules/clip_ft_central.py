@@ -1,5 +1,5 @@
 """FACMIC's "Centralized" row: the whole CLIP fine-tuned on the pooled training data, as a federation
-of one client (bench/central.py).
+of one client (bench/assembly/central.py).
 
 FACMIC's paper: "the centralized method is designed with only one client holding all the training
 data". Its first committed main.py (Anonymous-Au/FACMIC bc58630, dataset 'SkinCen': all Real training

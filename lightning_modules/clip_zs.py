@@ -22,7 +22,7 @@ from lightning_modules.components.clip_heads import zero_shot_head
 class ClipZeroShot(ClipFeatureModule):
     protocol = "global"
     frozen_prefixes = ("head",)
-    trains = False  # nothing is ever trained: never "collapsed" (bench/health.py), every round the same
+    trains = False  # nothing is ever trained: never "collapsed" (bench/engine/health.py), every round the same
 
     def build_head(self) -> nn.Module:
         head = zero_shot_head(self.class_text_features(), scale=self.frozen_clip.logit_scale)

@@ -47,7 +47,7 @@ def tiny_cfg(tmp_path):
 def captured(monkeypatch):
     """Run experiments in process and keep the Federation (client states, module, history) and the
     module's initial state."""
-    from bench.federation import Federation
+    from bench.engine.federation import Federation
 
     box: dict = {}
     original = Federation.run
@@ -63,7 +63,7 @@ def captured(monkeypatch):
 
 def run_in_process(cfg):
     """Run one experiment on a single in-process Fabric rank; return (record, final state)."""
-    from bench.experiment import make_fabric, run_experiment
+    from bench.assembly.experiment import make_fabric, run_experiment
 
     fabric = make_fabric(cfg)
     fabric.launch()
@@ -72,7 +72,7 @@ def run_in_process(cfg):
 
 
 def load_final_state(cfg):
-    from bench.records import record_path
+    from bench.assembly.records import record_path
 
     return torch.load(record_path(cfg.output_dir, cfg.experiment, cfg.run_name()).with_suffix(".pt"))
 
@@ -82,7 +82,7 @@ def cli_args(cfg) -> list[str]:
     import dataclasses
     import json
 
-    from bench.config import OPTION_GROUPS, TOP_LEVEL_KEYS
+    from bench.assembly.config import OPTION_GROUPS, TOP_LEVEL_KEYS
 
     args = []
     for group in OPTION_GROUPS:
@@ -163,7 +163,7 @@ class TwoRankRuns:
 
     def two(self, name: str) -> tuple[dict, dict]:
         """(record, final state) of case ``name`` on 2 ranks."""
-        from bench.records import load_record
+        from bench.assembly.records import load_record
 
         path = self.records[name]
         return load_record(path), torch.load(path.with_suffix(".pt"))
@@ -213,7 +213,7 @@ class Killed(Exception):
 
 def kill_after(tiny_cfg, monkeypatch, round_idx: int, **cfg) -> None:
     """Run ``tiny_cfg(**cfg)`` in this process, killed (``Killed``) right after it checkpoints ``round_idx``."""
-    from bench.checkpoint import Checkpointer
+    from bench.engine.checkpoint import Checkpointer
 
     original = Checkpointer.save
 
@@ -231,8 +231,8 @@ def kill_after(tiny_cfg, monkeypatch, round_idx: int, **cfg) -> None:
 def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1):
     """Run ``base`` uninterrupted, then killed right after checkpointing round ``kill_after_round``
     and resumed; assert both end with identical state and history. Returns (resumed record, cfg)."""
-    from bench.checkpoint import Checkpointer
-    from bench.run_plan import checkpoint_plan
+    from bench.assembly.run_plan import checkpoint_plan
+    from bench.engine.checkpoint import Checkpointer
 
     full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
     kill_after(tiny_cfg, monkeypatch, kill_after_round, **base, experiment="killed")

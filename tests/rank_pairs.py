@@ -36,7 +36,7 @@ PROTOCOL_ROWS = [("fedrep", "global"), ("fedrod", "global"), ("fedproto", "local
 def base_cfg(root: Path, **overrides):
     """The tiny digits RunConfig (small CNN, 6 clients, 3 rounds, 1 thread; conftest.py's tiny_cfg builds it here),
     writing under root, with ``overrides`` (dotted keys)."""
-    from bench.config import RunConfig
+    from bench.assembly.config import RunConfig
 
     cfg = RunConfig()
     cfg.data.name = "digits"
@@ -131,7 +131,7 @@ def launch_two_ranks(root: Path) -> dict[str, Path]:
     (the positive control of tests/test_bad_files.py's "no rank was started")."""
     from conftest import rank_marking_env
 
-    from bench.records import record_path
+    from bench.assembly.records import record_path
 
     cfgs = {name: case_cfg(name, root, devices=2) for name in CASES}
     by_precision: dict[str, list[dict]] = {}
@@ -152,8 +152,8 @@ def launch_two_ranks(root: Path) -> dict[str, Path]:
 
 def run_cases(path: str) -> int:
     """The launched program: every config of ``path`` on one Fabric (made from the first, launched once)."""
-    from bench.config import from_dict
-    from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
+    from bench.assembly.config import from_dict
+    from bench.assembly.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
 
     cfgs = [from_dict(d) for d in json.loads(Path(path).read_text())]
     fabric = launch(make_fabric(cfgs[0]))

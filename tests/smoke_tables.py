@@ -55,7 +55,7 @@ SMALL_BACKBONE = "simple-cnn"  # for from-scratch rows: a ResNet-18 step costs ~
 
 def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
     """The --set overrides that shrink ``config`` to a smoke budget and make it run offline."""
-    from bench.experiment import method_arg_names
+    from bench.assembly.experiment import method_arg_names
     from lightning_modules.base import METHODS
     from lightning_modules.components.clip_models import OFFLINE_CLIP
     from lightning_modules.components.text_encoders import OFFLINE_ALTERNATIVE
@@ -82,7 +82,7 @@ def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
 
 def smoke_clients(runs: list) -> int:
     """CLIENTS, or the fewest clients above it that FedNTD's per-class shards allow (s * N a multiple of K)."""
-    from bench.validation import known_class_count
+    from bench.assembly.validation import known_class_count
 
     needs = {(r.cfg.partition.shards_per_client, known_class_count(r.cfg)) for r in runs
              if r.cfg.partition.scheme == "shards" and r.cfg.partition.shard_mode == "per_class"}

@@ -10,7 +10,7 @@ import yaml
 from official_layouts import write_class_tree
 from test_table_checks import GOOD, table
 
-import bench.experiment as E
+import bench.assembly.experiment as E
 from bench.cli import main
 from bench.core.errors import FedbenchError
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from test_table_checks import GOOD, table
 
+from bench.assembly.records import RecordError, load_record
 from bench.cli import main
 from bench.core.errors import FedbenchError
-from bench.records import RecordError, load_record
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

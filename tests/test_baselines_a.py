@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import kill_and_resume, run_in_process
 
 from bench.core.batches import DeviceData
-from bench.federation import Federation
+from bench.engine.federation import Federation
 from lightning_modules.base import ClientContext
 from lightning_modules.components.state import substate
 from lightning_modules.fedbabu import FedBABU

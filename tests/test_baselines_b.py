@@ -283,9 +283,9 @@ def test_crerf_gradients_and_feature_matching():
 
 
 def test_crerf_evaluates_the_server_retrained_classifier(tiny_cfg):
-    from bench.experiment import build_module
-    from bench.metrics import classification_metrics
-    from bench.run_data import build_datamodule, to_device
+    from bench.assembly.experiment import build_module
+    from bench.assembly.run_data import build_datamodule, to_device
+    from bench.engine.metrics import classification_metrics
 
     args = {"features_per_class": 20, "match_steps": 20, "retrain_epochs": 20}
     cfg = tiny_cfg(**{"method.name": "crerf", "method.backbone": "simple-cnn", "method.args": args, "fed.rounds": 2})

@@ -17,7 +17,7 @@ from conftest import digits_run_argv
 from test_bad_input import written_files
 
 from bench.cli import main
-from bench.health import check_finite_state
+from bench.engine.health import check_finite_state
 from lightning_modules.base import FederatedModule
 
 BF16_ADVICE = "Use --precision 32-true"
@@ -90,7 +90,7 @@ def test_a_client_model_gone_nan_names_the_bf16_cause_and_32_true_only_under_bf1
 
 
 def test_the_finite_check_names_the_first_bad_tensor_in_state_order():
-    from bench.health import nonfinite_hint
+    from bench.engine.health import nonfinite_hint
 
     state = {"a": torch.ones(2), "steps": torch.tensor(3), "b": torch.tensor([1.0, math.nan]),
              "c": torch.tensor([math.inf])}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.assembly.records import load_record, record_path
 from bench.cli import main
-from bench.records import load_record, record_path
 from bench.reporting.gpu_bench import write_kvasir
 
 pytestmark = pytest.mark.slow

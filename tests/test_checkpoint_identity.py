@@ -13,8 +13,8 @@ import torch
 import yaml
 from conftest import REPO, kill_after, max_state_diff, run_in_process
 
-from bench.records import find_record
-from bench.run_plan import checkpoint_plan
+from bench.assembly.records import find_record
+from bench.assembly.run_plan import checkpoint_plan
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

@@ -18,8 +18,8 @@ import yaml
 from conftest import REPO
 
 from bench.cli import COMMANDS, REGISTRY_OPTIONS, command_module, main, run_parser
-from bench.code_version import code_version
 from bench.core.atomic_io import write_json
+from bench.core.code_version import code_version
 from bench.reporting.catalog import load
 from bench.reporting.flags import hint_of
 from bench.reporting.table_overrides import TableOverrides
@@ -211,7 +211,7 @@ def tiny_table(tmp_path: Path) -> list[str]:
     args = command_module("table").build_parser().parse_args(argv)
     runs = plan_runs(TableSpec.parse(TINY, "tiny.yaml"), args.output_dir)
     check_plan(runs, TableSpec.parse(TINY, "tiny.yaml"), args)  # the devices and threads a table run gives them (they are in a record's name)
-    from bench.records import run_record_path
+    from bench.assembly.records import run_record_path
 
     for run, seconds, version in ((runs[0], 60.0, code_version(runs[0].cfg)), (runs[2], 200.0, "older-code")):
         assert (run.label, run.seed) in (("FedAvg", 0), ("FedProx", 0))
@@ -226,16 +226,16 @@ def fedprox_version(tmp_path: Path) -> str:
 
 
 def refuse_to_run(monkeypatch) -> None:
-    import bench.experiment
+    import bench.assembly.experiment
+    import bench.assembly.run_data
     import bench.reporting.table_runner
     import bench.reporting.tables
-    import bench.run_data
 
     def started(*_, **__):
         raise AssertionError("a dry run started something")
 
-    for module, name in ((bench.experiment, "run_experiment"), (bench.experiment, "launch"),
-                         (bench.run_data, "setup_datamodule"), (bench.reporting.table_runner, "execute"),
+    for module, name in ((bench.assembly.experiment, "run_experiment"), (bench.assembly.experiment, "launch"),
+                         (bench.assembly.run_data, "setup_datamodule"), (bench.reporting.table_runner, "execute"),
                          (bench.reporting.tables, "render_table")):
         monkeypatch.setattr(module, name, started)
 

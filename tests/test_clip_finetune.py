@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from conftest import run_in_process
 
+from bench.assembly.experiment import build_module
+from bench.assembly.run_data import build_datamodule, to_device
 from bench.core.seeding import torch_generator
-from bench.experiment import build_module
-from bench.run_data import build_datamodule, to_device
 from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import shared_clip
 from lightning_modules.components.clip_losses import clip_contrastive_loss, focal_smoothed_loss

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from conftest import max_state_diff, run_in_process
 
+from bench.assembly.experiment import build_module
+from bench.assembly.run_data import build_datamodule, to_device
 from bench.core.batches import DeviceData, EpochBatches
 from bench.core.seeding import torch_generator
-from bench.experiment import build_module
-from bench.federation import Federation
-from bench.run_data import build_datamodule, to_device
+from bench.engine.federation import Federation
 from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter
@@ -152,7 +152,7 @@ def test_clip_zero_shot_run_is_zero_shot_and_trains_nothing(clip_cfg):
 
 def scramble_train_labels(monkeypatch) -> None:
     """Make every run permute the training labels right after the datamodule is set up."""
-    from bench import run_data
+    from bench.assembly import run_data
 
     real_build = run_data.build_datamodule
 

@@ -13,9 +13,9 @@ from lightning.fabric import Fabric
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.strategies import DDPStrategy
 
-import bench.experiment as E
-from bench.cluster import OneDevicePerTask, fabric_layout
-from bench.config import RunConfig
+import bench.assembly.experiment as E
+from bench.assembly.cluster import OneDevicePerTask, fabric_layout
+from bench.assembly.config import RunConfig
 
 # task 3 of 4: 2 nodes x 2 tasks, this one is the 2nd task (local id 1) of node 1
 SLURM = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_PROCID": "3",

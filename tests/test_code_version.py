@@ -1,5 +1,5 @@
 """A run's code version covers what can change its numbers: the round engine (the import closure of
-bench.experiment), its method's, data module's and partition scheme's import closures, each module by
+bench.assembly.experiment), its method's, data module's and partition scheme's import closures, each module by
 its syntax tree without comments or docstrings. Every edit is made on a copy of the tree."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from bench.code_version import (
+from bench.core.code_version import (
     LEGACY_FILE,
     Tree,
     changed_parts,
@@ -62,11 +62,11 @@ def run(method="fedavg", data="digits", scheme="dirichlet", test_dataset=None):
 def test_the_engine_is_the_round_core_without_the_registered_modules(pristine):
     t = Tree(pristine)
     engine = {p.relative_to(pristine).as_posix() for p in t.engine_files}
-    assert {"bench/experiment.py", "bench/federation.py", "bench/aggregation.py", "bench/records.py",
+    assert {"bench/assembly/experiment.py", "bench/engine/federation.py", "bench/engine/aggregation.py", "bench/assembly/records.py",
             "bench/core/seeding.py", "lightning_modules/base.py", "datamodules/base.py",
             "datamodules/partition.py"} <= engine
     assert not any(f.startswith("bench/reporting/") for f in engine)
-    assert not {"bench/cli.py", "bench/code_version.py", "lightning_modules/fedrs.py", "lightning_modules/fedavg.py",
+    assert not {"bench/cli.py", "bench/core/code_version.py", "lightning_modules/fedrs.py", "lightning_modules/fedavg.py",
                 "datamodules/digits.py", "datamodules/partitions/dirichlet.py"} & engine
     fedbabu_npr = closure([t.registered["method"]["fedbabu-npr"]], t.graph, pristine) - t.engine_files
     assert {p.relative_to(pristine).as_posix() for p in fedbabu_npr} >= {
@@ -81,7 +81,7 @@ def test_a_docstring_or_comment_edit_changes_no_version(tree, pristine):
     edit(tree, "lightning_modules/fedrs.py", "class FedRS(FederatedModule):\n",
          'class FedRS(FederatedModule):\n    """A class docstring that was not there."""\n\n    # a comment\n')
     edit(tree, "lightning_modules/fedrs.py", "FedAvg whose local softmax", "FedAvg, whose local softmax")
-    edit(tree, "bench/federation.py", "from __future__ import annotations\n",
+    edit(tree, "bench/engine/federation.py", "from __future__ import annotations\n",
          "from __future__ import annotations  # a comment\n\n\n")
     edit(tree, "datamodules/partitions/dirichlet.py", "from __future__ import annotations\n",
          'from __future__ import annotations\n\n"""a bare string is not code"""\n')
@@ -110,13 +110,13 @@ def test_a_component_edit_changes_the_methods_that_import_it(tree, pristine):
 
 
 @pytest.mark.parametrize(("rel", "expected"), [
-    ("bench/aggregation.py", ["engine"]),  # the round engine: every run
-    ("bench/records.py", ["engine"]),
+    ("bench/engine/aggregation.py", ["engine"]),  # the round engine: every run
+    ("bench/assembly/records.py", ["engine"]),
     ("datamodules/digits.py", ["data:digits"]),
     ("datamodules/partitions/dirichlet.py", ["partition:dirichlet", "partition:dirichlet_missing"]),
     ("bench/reporting/tables.py", []),  # above the engine: no run
     ("bench/cli.py", []),
-    ("bench/code_version.py", []),  # the identity itself
+    ("bench/core/code_version.py", []),  # the identity itself
 ])
 def test_a_code_edit_changes_the_parts_that_import_it(tree, pristine, rel, expected):
     edit(tree, rel, "from __future__ import annotations\n", "from __future__ import annotations\nEDITED = 1\n")
@@ -166,7 +166,7 @@ def test_legacy_records_are_judged_by_the_parts_of_the_tree_that_wrote_them(tmp_
 def test_a_declared_migration_counts_legacy_records_as_made_with_this_code(tmp_path):
     wrote = legacy_tree(tmp_path / "wrote")
     now = copy_tree(tmp_path / "now")
-    edit(now, "bench/aggregation.py", "from __future__ import annotations\n",
+    edit(now, "bench/engine/aggregation.py", "from __future__ import annotations\n",
          "from __future__ import annotations\nREFACTORED = 1\n")
     file = tmp_path / "legacy.json"
     stamp = register_legacy(wrote, "wrote", declared="a refactor", file=file, current=now)
@@ -198,7 +198,7 @@ def test_a_declared_engine_refactor_keeps_records_current_until_an_undeclared_ch
     wrote = copy_tree(tmp_path / "wrote")  # the tree that stamped the records
     stamps = {m: Tree(wrote).version(run(m)) for m in ("fedrs", "fedavg")}
     now = copy_tree(tmp_path / "now")
-    edit(now, "bench/aggregation.py", "from __future__ import annotations\n",
+    edit(now, "bench/engine/aggregation.py", "from __future__ import annotations\n",
          "from __future__ import annotations\nREFACTORED = 1\n")
     assert not judge(stamps["fedrs"], run("fedrs"), {}, Tree(now))  # an engine edit stales every record
     file = tmp_path / "legacy.json"
@@ -219,13 +219,13 @@ def test_declarations_chain_and_never_cover_a_later_undeclared_edit(tmp_path):
     wrote = copy_tree(tmp_path / "wrote")
     stamp = Tree(wrote).version(run("fedavg"))
     middle = copy_tree(tmp_path / "middle")
-    edit(middle, "bench/aggregation.py", "from __future__ import annotations\n",
+    edit(middle, "bench/engine/aggregation.py", "from __future__ import annotations\n",
          "from __future__ import annotations\nFIRST = 1\n")
     file = tmp_path / "legacy.json"
     declare_same(wrote, "first", "proof one", file=file, current=middle)
     now = copy_tree(tmp_path / "now")
-    shutil.copy(middle / "bench/aggregation.py", now / "bench/aggregation.py")
-    edit(now, "bench/aggregation.py", "FIRST = 1\n", "FIRST = 1\nSECOND = 2\n")
+    shutil.copy(middle / "bench/engine/aggregation.py", now / "bench/engine/aggregation.py")
+    edit(now, "bench/engine/aggregation.py", "FIRST = 1\n", "FIRST = 1\nSECOND = 2\n")
     assert not judge(stamp, run("fedavg"), {}, Tree(now), declarations(file))  # the second edit: undeclared
     declare_same(middle, "second", "proof two", file=file, current=now)
     assert judge(stamp, run("fedavg"), {}, Tree(now), declarations(file))  # wrote -> middle -> now
@@ -236,7 +236,7 @@ def test_a_declaration_also_carries_legacy_records(tmp_path):
     file = tmp_path / "legacy.json"
     stamp = register_legacy(wrote, "legacy", file=file)
     now = copy_tree(tmp_path / "now")
-    edit(now, "bench/aggregation.py", "from __future__ import annotations\n",
+    edit(now, "bench/engine/aggregation.py", "from __future__ import annotations\n",
          "from __future__ import annotations\nREFACTORED = 1\n")
     legacy = __import__("json").loads(file.read_text())["versions"]
     assert not judge(stamp, run("fedavg"), legacy, Tree(now))
@@ -248,6 +248,6 @@ def test_declare_same_needs_a_reason_and_the_command_says_how(tmp_path):
     with pytest.raises(SystemExit, match="needs WHY"):
         declare_same(tmp_path, "note", "  ", file=tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
-    out = subprocess.run([sys.executable, "-m", "bench.code_version", "declare-same", str(tmp_path)], cwd=REPO, check=False,
+    out = subprocess.run([sys.executable, "-m", "bench.core.code_version", "declare-same", str(tmp_path)], cwd=REPO, check=False,
                          capture_output=True, text=True)
     assert out.returncode == 1 and "declare-same TREE NOTE WHY" in out.stderr

@@ -22,7 +22,7 @@ STALLING_RUN = '''
 import sys, time
 from pathlib import Path
 from lightning.fabric import Fabric
-from bench.federation import Federation
+from bench.engine.federation import Federation
 
 marks, sleep = Path(sys.argv[1]), float(sys.argv[2])
 original, all_reduce = Federation.run_round, Fabric.all_reduce

@@ -114,7 +114,7 @@ def test_a_renamed_private_name_is_one_clear_error():
 
 
 def test_a_run_checks_the_private_names_before_it_starts(monkeypatch, tiny_cfg):
-    from bench.experiment import make_fabric
+    from bench.assembly.experiment import make_fabric
 
     compat.check_version.cache_clear()
     monkeypatch.setitem(compat.TESTED, "lightning", (3, 4))
@@ -147,13 +147,13 @@ def test_every_torchmetrics_extra_flag_skipped_is_one_torchmetrics_defines():
 
 def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
     """In this pytest process conftest skipped the extras before Lightning came in: the flags read False, and
-    the one torchmetrics function fedbench calls (multiclass_auroc, bench/metrics.py) gives its hand-computed
+    the one torchmetrics function fedbench calls (multiclass_auroc, bench/engine/metrics.py) gives its hand-computed
     value. (That a run then imports no torchvision: tests/test_startup.py, in a process of its own.)"""
     import torch
     import torchmetrics.utilities.imports as flags
     from torchmetrics.functional.classification import multiclass_auroc
 
-    import bench.experiment  # noqa: F401 (Lightning, as a run imports it)
+    import bench.assembly.experiment  # noqa: F401 (Lightning, as a run imports it)
 
     assert not any(getattr(flags, name) for name in compat.TORCHMETRICS_EXTRAS)
     probs = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.2, 0.3], [0.2, 0.5, 0.3], [0.1, 0.3, 0.6]])

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.validation import method_signature
+from bench.assembly.validation import method_signature
 from lightning_modules.base import METHODS, FederatedModule, compose
 from lightning_modules.fedbabu import FedBABU
 from lightning_modules.fednpr import NPRegulariser

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from conftest import REPO
 
+from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
 from bench.reporting.columns import beta_column, parse_column, table_columns
 from bench.reporting.coverage import coverage, format_report
 from bench.reporting.paper_numbers import load_paper_numbers
@@ -302,8 +302,8 @@ def test_protocol_override_scores_the_global_model(tiny_cfg, monkeypatch):
     import torch
     from conftest import run_in_process
 
-    from bench.federation import Federation
-    from bench.metrics import classification_metrics
+    from bench.engine.federation import Federation
+    from bench.engine.metrics import classification_metrics
 
     seen: dict = {}
     original = Federation.evaluate
@@ -368,9 +368,9 @@ def test_protocol_per_client_scores_a_global_model_method_per_client(tiny_cfg, c
     import torch
     from conftest import run_in_process
 
-    from bench.evaluation import predict_probs
-    from bench.federation import copy_into
-    from bench.metrics import classification_metrics
+    from bench.engine.evaluation import predict_probs
+    from bench.engine.federation import copy_into
+    from bench.engine.metrics import classification_metrics
 
     small = {"partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0, "fed.protocol": "per_client"}
     local, _ = run_in_process(tiny_cfg(**small, **{"method.name": "local"}))

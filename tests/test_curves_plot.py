@@ -4,8 +4,8 @@ from __future__ import annotations
 import matplotlib.figure
 from test_tables import SPEC, fake_record
 
+from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
-from bench.records import record_path
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
 

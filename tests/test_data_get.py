@@ -402,7 +402,7 @@ def test_a_second_data_get_waits_for_the_first(tmp_path, server, monkeypatch, ca
 
 def test_the_data_sources_are_not_part_of_the_records_code_version():
     """Downloading is reporting-layer code: editing a URL or checksum never makes a run record stale."""
-    from bench.code_version import Tree, closure
+    from bench.core.code_version import Tree, closure
 
     tree = Tree(REPO)  # every file any run's code version covers: the engine and each registered part
     files = set(tree.engine_files).union(*(closure([path], tree.graph, tree.root)

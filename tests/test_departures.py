@@ -14,9 +14,9 @@ import yaml
 from conftest import REPO
 from test_tables import fake_record
 
+from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
 from bench.reporting.departures import DOC_FILE, doc_ids, load_departures
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.table_spec import TableSpec

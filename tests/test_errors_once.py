@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 ONE_RANK_FAILS = '''
 import sys
 from bench.core.errors import FedbenchError
-from bench.federation import Federation
+from bench.engine.federation import Federation
 
 original = Federation.train_client
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import run_in_process
 
-from bench.metrics import METRIC_NAMES, VAL_SCORES
+from bench.engine.metrics import METRIC_NAMES, VAL_SCORES
 from bench.reporting.protocols import metric_at
 
 BASE = {"fed.rounds": 6, "method.lr": 0.2, "partition.beta": 0.1}  # a high lr: validation goes up and down
@@ -52,11 +52,11 @@ def test_eval_batch_size_changes_no_metric(tiny_cfg):
 
 def test_automatic_eval_batch_fits_the_device():
     """On a CPU the automatic evaluation batch holds 2**19 input values (cache-sized: 668 images of 28 px,
-    the fastest measured, bench/evaluation.py); on a GPU 2**21; an explicit size wins."""
+    the fastest measured, bench/engine/evaluation.py); on a GPU 2**21; an explicit size wins."""
     import torch
 
     from bench.core.batches import DeviceData
-    from bench.evaluation import eval_batch_size
+    from bench.engine.evaluation import eval_batch_size
 
     def data(shape):
         return DeviceData(torch.zeros(shape, dtype=torch.uint8), torch.zeros(shape[0], dtype=torch.long),

@@ -8,9 +8,9 @@ import torch
 from conftest import run_in_process
 from PIL import Image
 
+from bench.assembly.run_data import setup_datamodule
+from bench.assembly.validation import validate_config
 from bench.core.errors import FedbenchError
-from bench.run_data import setup_datamodule
-from bench.validation import validate_config
 
 BT_DIRS = ["glioma_tumor", "meningioma_tumor", "no_tumor", "pituitary_tumor"]  # Bhuvaji et al. (BT)
 BT2_DIRS = ["glioma", "meningioma", "notumor", "pituitary"]  # Nickparvar (BT2)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from official_layouts import write_class_tree
 
-from bench.config import RunConfig
-from bench.run_data import setup_datamodule, to_device
+from bench.assembly.config import RunConfig
+from bench.assembly.run_data import setup_datamodule, to_device
 from lightning_modules.components import feature_cache as FC
 from lightning_modules.components.clip_models import load_clip
 

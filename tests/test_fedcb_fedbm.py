@@ -296,8 +296,8 @@ def test_minilm_embeds_the_kvasir_prompts_offline(text_cache):
 @pytest.mark.parametrize("name", ["table2_kvasir", "table2_oct-c8", "table2_ham10000", "table2_pbc",
                                   "ablation_kvasir", "ablation_fashion-mnist"])
 def test_fedcb_fedbm_table_configs_plan(name):
-    from bench.config import result_config
-    from bench.experiment import method_arg_names
+    from bench.assembly.config import result_config
+    from bench.assembly.experiment import method_arg_names
     from bench.reporting.table_runner import load_table_config, plan_runs
     from lightning_modules.base import METHODS
 
@@ -363,8 +363,8 @@ def test_random_freezing_is_fedavg_with_a_frozen_random_linear_head(tiny_cfg, ca
 
 def test_random_freezing_head_starts_as_fedavgs_head(tiny_cfg):
     """The same seeded draw as FedAvg's (trainable) head: PyTorch's default nn.Linear initialisation."""
-    from bench.experiment import build_module
-    from bench.run_data import build_datamodule
+    from bench.assembly.experiment import build_module
+    from bench.assembly.run_data import build_datamodule
 
     heads = {}
     for method in ("fedavg", "fedavg-random-frozen"):

@@ -16,12 +16,12 @@ from official_layouts import ich_grey as grey
 from official_layouts import isic_colour as colour
 from PIL import Image
 
+from bench.assembly.experiment import build_module, make_fabric
+from bench.assembly.run_data import build_datamodule, client_splits, to_device
+from bench.assembly.run_plan import eval_protocol, plan_rounds
 from bench.core.batches import DeviceData
 from bench.core.errors import DatasetNotFoundError
-from bench.experiment import build_module, make_fabric
-from bench.federation import Federation
-from bench.run_data import build_datamodule, client_splits, to_device
-from bench.run_plan import eval_protocol, plan_rounds
+from bench.engine.federation import Federation
 from datamodules.base import DATASETS
 from datamodules.partition import partition
 from lightning_modules.base import ClientContext
@@ -232,7 +232,7 @@ class Killed(Exception):
 
 
 def test_fednpr_per_resumes_with_its_prototypes_and_heads(tiny_cfg, monkeypatch):
-    from bench.checkpoint import Checkpointer
+    from bench.engine.checkpoint import Checkpointer
 
     base = {"fed.rounds": 3, "checkpoint_every": 1, "fed.sample_ratio": 0.5, "method.args": {"num_subclusters": 2}}
     full_rec, full_state = run_in_process(npr_cfg(tiny_cfg, "fednpr-per", experiment="full", **base))
@@ -289,9 +289,9 @@ def test_fed_isic2019_clients_train_on_their_centre_train_fold_and_test_on_its_t
                                                                                           captured):
     """fed.client_test site + data.val_fraction 0 (FedNPR's and FLamby's 80/20 per centre): client c trains on
     the whole train fold of centre c and is scored on that centre's test fold, none of it carved from train."""
-    from bench.evaluation import predict_probs
-    from bench.federation import copy_into
-    from bench.metrics import classification_metrics
+    from bench.engine.evaluation import predict_probs
+    from bench.engine.federation import copy_into
+    from bench.engine.metrics import classification_metrics
 
     build_isic(tmp_path / "isic")
     cfg = tiny_cfg(**{"data.name": "fed-isic2019", "data.root": str(tmp_path / "isic"), "data.image_size": 16,

@@ -77,8 +77,8 @@ def test_ablation_configs_run_table3s_protocol_and_share_repeated_runs(dataset, 
 @pytest.mark.parametrize("config", ["fednpr_isic", "fednpr_ich", "fednpr_fashion-mnist", "fednpr-ablation_isic",
                                     "fednpr-ablation_ich"])
 def test_every_planned_run_passes_the_checks_before_work(config):
-    """What `fedbench table` checks before the first run (bench/validation.py) holds for every row."""
-    from bench.validation import validate_config
+    """What `fedbench table` checks before the first run (bench/assembly/validation.py) holds for every row."""
+    from bench.assembly.validation import validate_config
 
     runs = plan_runs(load_table_config(f"configs/tables/{config}.yaml"))
     for r in runs:

@@ -18,12 +18,12 @@ from conftest import digits_run_argv
 from official_layouts import build_rsna_csv, write_ich_split_file
 from test_bad_input import written_files
 
+from bench.assembly.config import RunConfig, non_default, result_config
+from bench.assembly.validation import validate_config
 from bench.cli import main
-from bench.config import RunConfig, non_default, result_config
 from bench.core.errors import FedbenchError
 from bench.reporting.table_runner import fold_legend, load_table_config, plan_runs, run_label
 from bench.reporting.table_spec import TableSpec
-from bench.validation import validate_config
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.folds import stratified_folds
 from datamodules.tensors import TensorSplit

@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import run_in_process
 
+from bench.assembly.records import find_record
+from bench.assembly.run_plan import checkpoint_plan
 from bench.core import atomic_io
 from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.records import find_record
-from bench.run_plan import checkpoint_plan
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -58,12 +58,12 @@ def test_no_room_for_the_heatmap_or_the_csv_log_keeps_the_record(tiny_cfg, monke
     (The CSV log's failures, at its periodic save or its last one, ended the run the same way.)"""
     import lightning.fabric.loggers
 
-    import bench.experiment
+    import bench.assembly.experiment
 
     def full(*args, **kwargs):
         raise no_space()
 
-    monkeypatch.setattr(bench.experiment, "plot_partition", full)
+    monkeypatch.setattr(bench.assembly.experiment, "plot_partition", full)
     monkeypatch.setattr(lightning.fabric.loggers.CSVLogger, "finalize", full)
     monkeypatch.setattr(lightning.fabric.loggers.CSVLogger, "log_metrics", full)  # (it saves every 100 steps)
     cfg = tiny_cfg(experiment="full_disk")
@@ -82,7 +82,7 @@ def test_no_room_for_the_heatmap_or_the_csv_log_keeps_the_record(tiny_cfg, monke
 
 
 def run_without_state_check(cfg) -> dict:
-    from bench.experiment import make_fabric, run_experiment
+    from bench.assembly.experiment import make_fabric, run_experiment
 
     fabric = make_fabric(cfg)
     fabric.launch()

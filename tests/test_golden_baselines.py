@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.aggregation import RoundBuffer
 from bench.core.batches import DeviceData
+from bench.engine.aggregation import RoundBuffer
 from lightning_modules.base import ClientContext
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -11,7 +11,7 @@ import pytest
 import torch
 from golden_values import assert_close, load_golden, tensor
 
-from bench.aggregation import RoundBuffer
+from bench.engine.aggregation import RoundBuffer
 from lightning_modules.components.clip_heads import FeatureAttention
 from lightning_modules.components.clip_losses import clip_contrastive_loss, lmmd_loss
 from lightning_modules.facmic import facmic_domain_loss, facmic_lmmd, facmic_pseudo_labels

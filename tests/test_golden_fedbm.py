@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.aggregation import RoundBuffer
+from bench.engine.aggregation import RoundBuffer
 from lightning_modules.components.cgde_generator import (
     GeneratorObjective,
     bn_statistics_loss,

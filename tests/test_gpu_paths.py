@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from conftest import run_in_process
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
 
-from bench.aggregation import RoundBuffer, client_metrics_row
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
+from bench.assembly.workers import auto_layout
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
+from bench.engine.aggregation import RoundBuffer, client_metrics_row
 from bench.reporting.table_jobs import _start_worker, job_gpus
-from bench.workers import auto_layout
 from lightning_modules.base import needs_loss_scaling, run_epochs
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
@@ -184,7 +184,7 @@ def test_every_run_record_carries_precision_math_and_threads(tiny_cfg):
 
 # ---- item 2: NCCL timeouts raise in the waiting rank ----------------------------------------------
 def test_a_multi_rank_fabric_asks_nccl_to_raise_on_timeout(monkeypatch, tiny_cfg):
-    from bench.experiment import make_fabric
+    from bench.assembly.experiment import make_fabric
 
     monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # the user's own choice stays
@@ -263,7 +263,7 @@ def test_gpu_bench_cpu_mode_measures_and_projects_the_kvasir_table(capsys):
 def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypatch):
     """Item 12 judges the resume itself: a run that ignores its checkpoint (and trains from round 0 to the
     same numbers) fails it."""
-    from bench.checkpoint import Checkpointer
+    from bench.engine.checkpoint import Checkpointer
     from bench.reporting.gpu_check import check_resume
 
     monkeypatch.setattr(Checkpointer, "load_latest", lambda self, *a, **k: None)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
+from bench.assembly.validation import validate_config
 from bench.core.errors import FedbenchError
 from bench.reporting.table_runner import load_table_config, plan_runs
-from bench.validation import validate_config
 from lightning_modules.backbones import first_conv
 from lightning_modules.base import FederatedModule
 from lightning_modules.pretrained import build_lite0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from bench.code_version import code_version
+from bench.core.code_version import code_version
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_the_wheel_holds_every_subpackage_the_configs_and_the_paper_numbers(inst
     assert {"bench/core/compat.py", "bench/reporting/tables.py", "lightning_modules/components/npr.py",
             "datamodules/partitions/dirichlet.py"} <= tree
     assert "configs/experiments/quick.yaml" in data and "results/paper/fedbm.json" in data
-    assert tree | data | {"bench/legacy_code_versions.json"} <= names
+    assert tree | data | {"bench/core/legacy_code_versions.json"} <= names
     assert not any("__pycache__" in n or n.startswith(("tests/", "results/reference", "docs/")) for n in names)
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.core.errors import FedbenchError
 from bench.reporting import table_jobs, table_runner
 from bench.reporting.table_runner import PlannedRun

@@ -1,25 +1,29 @@
 """The packages are layered one way: every import (module- or function-level, read with ast) of
 bench, datamodules and lightning_modules goes to its own layer or one below it, so no package
-imports one that imports it back."""
+imports one that imports it back. Inside bench/ the folders are the layers: bench.core at the bottom, then
+(above datamodules and lightning_modules) the round engine (bench.engine), run assembly (bench.assembly),
+reporting (bench.reporting) and the CLI (bench/cli.py) on top; no other module lives loose in bench/."""
 from __future__ import annotations
 
 from conftest import REPO
 
-from bench.code_version import imported_modules, module_name, module_path
+from bench.core.code_version import imported_modules, module_name, module_path
 
 # bottom to top: a module may import its own layer and the ones before it
-LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench round core", "bench.reporting",
+LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench.engine", "bench.assembly", "bench.reporting",
           "bench.cli")
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 
 
 def layer(module: str) -> str | None:
     """The layer of a module of the three packages (None: a third-party or standard module)."""
-    for name in ("bench.core", "bench.reporting", "bench.cli", "datamodules", "lightning_modules"):
+    if module == "bench":  # the package's __init__: imports nothing (checked below)
+        return "bench.core"
+    for name in LAYERS:
         if module == name or module.startswith(name + "."):
             return name
-    if module == "bench" or module.startswith("bench."):
-        return "bench round core"
+    if module.startswith("bench."):
+        return "bench (loose)"
     return None
 
 
@@ -35,11 +39,15 @@ def project_modules() -> dict[str, set[str]]:
 
 
 def violations(modules: dict[str, set[str]]) -> list[str]:
-    bad = []
+    bad = [f"{module} is in no layer: move it into one of bench's layer packages" for module in sorted(modules)
+           if layer(module) not in LAYERS] + [f"{m} (loose) is imported by {module}" for module, imports in
+                                              sorted(modules.items()) for m in sorted(imports) if layer(m) not in LAYERS]
     for module, imports in sorted(modules.items()):
+        if layer(module) not in LAYERS:
+            continue
         own = LAYERS.index(layer(module))
         bad += [f"{module} ({layer(module)}) imports {m} ({layer(m)})"
-                for m in sorted(imports) if LAYERS.index(layer(m)) > own]
+                for m in sorted(imports) if layer(m) in LAYERS and LAYERS.index(layer(m)) > own]
     return bad
 
 
@@ -48,22 +56,27 @@ def test_imports_only_go_down_the_layers():
     bad = violations(modules)
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
     assert {layer(m) for m in modules} == set(LAYERS)
+    assert modules["bench"] == set()
 
 
 def test_the_check_sees_function_level_imports_and_upward_edges():
     modules = project_modules()
-    assert "bench.experiment" in modules["bench.cli"]  # imported inside main()
+    assert "bench.assembly.experiment" in modules["bench.cli"]  # imported inside main()
     assert "bench.reporting.tables" in modules["bench.reporting.table_runner"]  # inside main()
-    assert violations({"datamodules.partition": {"bench.records"}}) == [
-        "datamodules.partition (datamodules) imports bench.records (bench round core)"]
-    assert violations({"bench.experiment": {"bench.reporting.wandb_logger"}}) != []
+    assert violations({"datamodules.partition": {"bench.assembly.records"}}) == [
+        "datamodules.partition (datamodules) imports bench.assembly.records (bench.assembly)"]
+    assert violations({"bench.assembly.experiment": {"bench.reporting.wandb_logger"}}) != []
     assert violations({"bench.core.batches": {"datamodules.augment"}}) != []
+    assert violations({"bench.engine.federation": {"bench.assembly.config"}}) != []  # the engine under assembly
+    assert violations({"bench.assembly.experiment": {"bench.engine.federation"}}) == []
+    assert violations({"bench.helpers": set()}) == [
+        "bench.helpers is in no layer: move it into one of bench's layer packages"]
 
 
 # The round engine (issue 40, "resolved once"): these modules read a RoundPlan / CheckpointPlan
-# (bench/round_plan.py) that the run's assembly resolves once (bench/run_plan.py), never the RunConfig
-ROUND_ENGINE = ("bench.federation", "bench.checkpoint", "bench.round_plan", "bench.aggregation", "bench.evaluation",
-                "bench.placement", "bench.liveness", "bench.health", "bench.metrics")
+# (bench/engine/round_plan.py) that the run's assembly resolves once (bench/assembly/run_plan.py), never the RunConfig
+ROUND_ENGINE = tuple(f"bench.engine.{m}" for m in ("federation", "checkpoint", "round_plan", "aggregation", "evaluation",
+                                                   "placement", "liveness", "health", "metrics", "val_scores"))
 
 
 def test_the_round_engine_never_imports_the_run_config():
@@ -78,9 +91,10 @@ def test_the_round_engine_never_imports_the_run_config():
                     todo.append(m)
         return seen
 
-    assert {m: sorted(reach(m) & {"bench.config", "bench.run_plan", "bench.experiment"}) for m in ROUND_ENGINE} == {
-        m: [] for m in ROUND_ENGINE}
-    assert "bench.config" in reach("bench.run_plan") and "bench.round_plan" in reach("bench.experiment")
+    assembly = {"bench.assembly.config", "bench.assembly.run_plan", "bench.assembly.experiment"}
+    assert {m: sorted(reach(m) & assembly) for m in ROUND_ENGINE} == {m: [] for m in ROUND_ENGINE}
+    assert "bench.assembly.config" in reach("bench.assembly.run_plan")
+    assert "bench.engine.round_plan" in reach("bench.assembly.experiment")
 
 
 def test_no_round_engine_function_takes_the_run_config():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.config import RunConfig, from_dict, result_config
+from bench.assembly.config import RunConfig, from_dict, result_config
 from bench.core.numerics import apply_gpu_math, gpu_math_settings, math_settings
 
-# identities the code before issue 42 gave these configs (bench/config.py at 3fda314): a record made
+# identities the code before issue 42 gave these configs (bench/assembly/config.py at 3fda314): a record made
 # without the new fields, or at their defaults, keeps its identity
 OLD_IDENTITIES = {"default": "bf21a9e8", "fast": "9842c9e6", "fedprox-3-rounds": "12ebe45b"}
 

@@ -31,13 +31,13 @@ def files_under(path) -> list[str]:
 
 def test_missing_kvasir_fails_before_any_run(tmp_path, monkeypatch, capsys):
     """In-process (imports already paid): the failure takes well under a second and starts no run."""
-    import bench.experiment
+    import bench.assembly.experiment
 
     def no_run(*args, **kwargs):
         raise AssertionError("a run started although the data is missing")
 
-    monkeypatch.setattr(bench.experiment, "make_fabric", no_run)
-    monkeypatch.setattr(bench.experiment, "run_experiment", no_run)
+    monkeypatch.setattr(bench.assembly.experiment, "make_fabric", no_run)
+    monkeypatch.setattr(bench.assembly.experiment, "run_experiment", no_run)
     monkeypatch.chdir(tmp_path)  # ./data, results/runs and results/tables resolve under tmp_path
     monkeypatch.delenv(DATA_HOME_ENV, raising=False)
     import bench.reporting.table_runner  # imports paid before the clock

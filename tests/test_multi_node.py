@@ -13,9 +13,9 @@ import sys
 import pytest
 from conftest import REPO, cli_args, load_final_state, max_state_diff, run_in_process
 
+from bench.assembly.records import record_path
+from bench.assembly.validation import check_launcher
 from bench.core.errors import FedbenchError
-from bench.records import record_path
-from bench.validation import check_launcher
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -79,6 +79,6 @@ def test_torchrun_world_size_must_be_devices_times_nodes(tiny_cfg, monkeypatch):
                                             r"--num_nodes 2 = 2: pass --devices"):
         check_launcher(tiny_cfg(num_nodes=2))
     with pytest.raises(FedbenchError, match="num_nodes must be >= 1, got 0"):
-        from bench.validation import check_ranges
+        from bench.assembly.validation import check_ranges
 
         check_ranges(tiny_cfg(num_nodes=0))

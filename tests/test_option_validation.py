@@ -10,8 +10,8 @@ import pytest
 from conftest import digits_run_argv
 from PIL import Image
 
+from bench.assembly.records import load_record, record_path
 from bench.cli import main
-from bench.records import load_record, record_path
 
 
 def written_files(tmp_path: Path) -> list[str]:

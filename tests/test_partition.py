@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.assembly.partition_plot import plot_partition
 from bench.core.errors import PartitionError
-from bench.partition_plot import plot_partition
 from datamodules.partition import SCHEMES, partition
 
 FMNIST_LIKE = np.repeat(np.arange(10), 600)  # 6,000 labels, 10 balanced classes

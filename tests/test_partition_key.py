@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.reporting.columns import paper_partition, parse_column, run_column, table_columns
 from bench.reporting.paper_compare import own_partition_key
 from bench.reporting.protocols import partition_key

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from bench.code_version import imported_modules, module_name
+from bench.core.code_version import imported_modules, module_name
 from datamodules.partition import SCHEMES, partition
 
 BUILT_IN = {"iid", "dirichlet", "dirichlet_missing", "shards", "lda", "proportions", "natural"}
@@ -88,7 +88,7 @@ def test_partition_has_no_if_elif_on_scheme_names():
 
 @pytest.mark.parametrize("package", ["datamodules", "lightning_modules"])
 def test_no_matplotlib_below_bench(package):
-    """Drawing is the reporting side's (bench/partition_plot.py); datamodules and lightning_modules draw nothing."""
+    """Drawing is the reporting side's (bench/assembly/partition_plot.py); datamodules and lightning_modules draw nothing."""
     drawing = [module_name(path, REPO) for path in sorted((REPO / package).rglob("*.py"))
                if any(m == "matplotlib" or m.startswith("matplotlib.")
                       for m in imported_modules(path, module_name(path, REPO)))]

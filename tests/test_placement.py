@@ -1,12 +1,12 @@
-"""Which rank trains which client (bench/placement.py) and how `devices: auto` lays a run over the
-cores (bench/workers.py), issue 19."""
+"""Which rank trains which client (bench/engine/placement.py) and how `devices: auto` lays a run over the
+cores (bench/assembly/workers.py), issue 19."""
 from __future__ import annotations
 
 import pytest
 
-from bench.config import RunConfig
-from bench.placement import assign_clients
-from bench.workers import auto_layout, clients_per_round
+from bench.assembly.config import RunConfig
+from bench.assembly.workers import auto_layout, clients_per_round
+from bench.engine.placement import assign_clients
 from lightning_modules.base import METHODS, NoClientState, UndeclaredClientStateError
 
 
@@ -80,8 +80,8 @@ def test_auto_layout_uses_cores_as_client_workers():
 def test_auto_under_a_launcher_takes_its_processes(monkeypatch):
     """Under torchrun the ranks already exist: devices auto is the launcher's processes per node (3 here,
     whatever the cores), and the launcher check accepts it; without a launcher several nodes need --devices."""
+    from bench.assembly.validation import check_launcher
     from bench.core.errors import FedbenchError
-    from bench.validation import check_launcher
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     two_nodes = cfg()

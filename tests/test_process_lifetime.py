@@ -16,8 +16,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+from bench.assembly.rank_observer import INTERRUPT_GRACE_S
 from bench.core.lifetime import die_with_parent, launched_by_fabric, parent_of
-from bench.rank_observer import INTERRUPT_GRACE_S
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

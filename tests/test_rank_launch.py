@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import REPO, digits_run_argv
 
-from bench.ports import LAUNCHER_PID_ENV, PICKED_ENV, port_error, port_in_use, prepare_master_port
+from bench.assembly.ports import LAUNCHER_PID_ENV, PICKED_ENV, port_error, port_in_use, prepare_master_port
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

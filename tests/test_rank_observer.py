@@ -1,4 +1,4 @@
-"""bench/rank_observer.py: Fabric's watcher of the launched ranks leaves rank 0 time to end by itself when
+"""bench/assembly/rank_observer.py: Fabric's watcher of the launched ranks leaves rank 0 time to end by itself when
 the ranks were interrupted (status 130/143, or killed by SIGINT/SIGTERM), then ends it as interrupted (its
 line and status, never a SIGKILL); any other failure SIGKILLs everything at once, as Fabric's own does.
 "rank 0" here is a sleeping stand-in process, so that a SIGKILL can be observed. And bench/core/lifetime.py:
@@ -14,10 +14,10 @@ import textwrap
 
 import pytest
 
-from bench import rank_observer
+from bench.assembly import rank_observer
+from bench.assembly.experiment import make_fabric
+from bench.assembly.rank_observer import POLL_S, GraceForInterrupted
 from bench.core import compat
-from bench.experiment import make_fabric
-from bench.rank_observer import POLL_S, GraceForInterrupted
 
 
 def watcher(rank0_pid: int, children: list[subprocess.Popen], **kwargs):

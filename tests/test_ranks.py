@@ -1,6 +1,6 @@
 """Issue 40, item 5: methods never import torch.distributed. What a method needs of the ranks (is this
 rank 0; rank 0 first through a block, then the others) comes from bench/core/ranks.py, set by the engine
-for the run, with the run's own barrier (bench/liveness.py: under --timeout, a missing rank named)."""
+for the run, with the run's own barrier (bench/engine/liveness.py: under --timeout, a missing rank named)."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +24,7 @@ def test_no_method_or_data_module_imports_torch_distributed():
     found = {str(p.relative_to(REPO)): distributed_imports(p) for pkg in ("lightning_modules", "datamodules")
              for p in sorted((REPO / pkg).rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
-    assert distributed_imports(REPO / "bench" / "liveness.py")  # the check sees `import torch.distributed as dist`
+    assert distributed_imports(REPO / "bench" / "engine" / "liveness.py")  # the check sees `import torch.distributed as dist`
 
 
 def order_of(rank: int, world: int, log: list) -> None:
@@ -56,7 +56,7 @@ def test_a_runs_ranks_end_with_its_scope():
 
 @pytest.mark.slow  # one run: about 15 s
 def test_a_run_in_process_sees_its_own_ranks_and_leaves_one_rank_behind(tiny_cfg, monkeypatch):
-    from bench import experiment
+    from bench.assembly import experiment
 
     seen, build = [], experiment.build_module
     monkeypatch.setattr(experiment, "build_module", lambda cfg, dm: seen.append(current_ranks()) or build(cfg, dm))

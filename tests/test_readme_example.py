@@ -51,8 +51,8 @@ def test_readme_composed_method_is_an_entry_with_the_terms_loss_and_default(tiny
     its objective is the probe's CE plus (mu / 2) ||w - w_global||^2 with the entry's default mu 0.1."""
     from test_clip_methods import prepared
 
+    from bench.assembly.validation import method_signature
     from bench.core.seeding import torch_generator
-    from bench.validation import method_signature
     from lightning_modules.base import ClientContext
     from lightning_modules.clip_fc import ClipLinearProbe
 

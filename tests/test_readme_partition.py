@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import readme_module, run_in_process
 
+from bench.assembly.validation import validate_config
 from bench.core.registry import UnknownNameError
 from bench.reporting.listing import listing
-from bench.validation import validate_config
 from datamodules.partitions import PARTITION_SCHEMES
 
 

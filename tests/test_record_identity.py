@@ -9,9 +9,9 @@ import re
 import pytest
 from conftest import digits_run_argv, run_in_process
 
+from bench.assembly.config import RunConfig
+from bench.assembly.records import find_record, load_record, run_record_path, write_run_record
 from bench.cli import main
-from bench.config import RunConfig
-from bench.records import find_record, load_record, run_record_path, write_run_record
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

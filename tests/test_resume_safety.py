@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import Killed, max_state_diff, run_in_process
 
-from bench.checkpoint import Checkpointer
+from bench.assembly.run_plan import checkpoint_plan
 from bench.cli import main
 from bench.core.errors import FedbenchError
-from bench.run_plan import checkpoint_plan
+from bench.engine.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -22,7 +22,7 @@ BASE = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True
 def killed_after(tiny_cfg, monkeypatch, round_idx: int, slow_round: float = 0.0, **overrides):
     """Run BASE (+ overrides) as experiment 'killed', stopped right after checkpointing ``round_idx``;
     ``slow_round`` seconds are spent in round 0 (to make the first session's wall time visible)."""
-    from bench.federation import Federation
+    from bench.engine.federation import Federation
 
     original_save, original_round = Checkpointer.save, Federation.run_round
 

@@ -20,7 +20,7 @@ def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, mon
 
     monkeypatch.setattr(FedAvg, "training_step", spy)
     cfg = tiny_cfg(**{"fed.rounds": 2, "fed.local_epochs": 2})
-    from bench.federation import Federation
+    from bench.engine.federation import Federation
 
     run_round = Federation.run_round
 
@@ -40,7 +40,7 @@ def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, mon
 def test_methods_expose_their_own_round_scalars(tiny_cfg, tmp_path):
     """One hook in the method contract (round_scalars): FedBM's generator losses in the rounds it trains,
     Scaffold's control-variate norm every round; in the history, as W&B's method/<name>."""
-    from bench.run_outputs import round_scalars
+    from bench.assembly.run_outputs import round_scalars
 
     gen = {"gen_steps": 2, "gen_batch": 8, "gen_base_channels": 8, "g_batch": 5, "gen_start": 2, "gen_every": 2,
            "text_cache_dir": str(tmp_path / "text")}
@@ -62,7 +62,7 @@ def test_objective_terms_log_their_mean_loss_per_round(tiny_cfg, monkeypatch):
     round curve, ``method/<term>_loss``: the batch-size-weighted mean of its value over the round's local
     steps, gathered in the round's one all-reduce as the training loss is. A method without terms, or a
     term that is off (mu = 0), adds none."""
-    from bench.run_outputs import round_scalars
+    from bench.assembly.run_outputs import round_scalars
     from lightning_modules.fedprox import ProximalTerm
 
     seen: list[tuple[int, float, int]] = []

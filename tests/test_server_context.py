@@ -7,7 +7,7 @@ import torch
 from conftest import run_in_process
 
 from bench.core.errors import FedbenchError
-from bench.federation import Federation
+from bench.engine.federation import Federation
 from lightning_modules.base import ServerContext
 from lightning_modules.scaffold import Scaffold
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from test_tables import SPEC_YAML, fake_record
 
+from bench.assembly.records import run_record_path
 from bench.core.atomic_io import write_json
-from bench.records import run_record_path
 from bench.reporting.coverage import coverage, format_report
 from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.protocols import RowProtocol, protocol_difference, protocol_facets

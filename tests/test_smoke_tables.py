@@ -9,10 +9,10 @@ import pytest
 from conftest import REPO
 from smoke_tables import check_table, run_config, smoke_command, smoke_sets
 
-from bench.experiment import method_arg_names
+from bench.assembly.experiment import method_arg_names
+from bench.assembly.validation import known_class_count
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import load_table_config, plan_runs
-from bench.validation import known_class_count
 from datamodules.data_home import DATA_HOME_ENV
 from lightning_modules.base import METHODS
 

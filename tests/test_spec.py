@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
-from bench.config import OPTION_GROUPS, RunConfig, execution_keys, result_config
+from bench.assembly.config import OPTION_GROUPS, RunConfig, execution_keys, result_config
 from bench.core.errors import FedbenchError
 from bench.reporting.regression import ENTRY_KEYS, load_config
 from bench.reporting.spec import canonical, run_config, with_defaults

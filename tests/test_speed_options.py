@@ -1,4 +1,4 @@
-"""channels_last, bf16-mixed and torch.compile (bench/speed_options.py, issue 19): off by default, in the
+"""channels_last, bf16-mixed and torch.compile (bench/assembly/speed_options.py, issue 19): off by default, in the
 run's config, applied, and with the result independent of the number of ranks."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import max_state_diff, run_in_process
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
+from bench.assembly.speed_options import with_channels_last
 from bench.core.batches import DeviceData
-from bench.speed_options import with_channels_last
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.assembly.records import run_record_path
 from bench.core.atomic_io import write_json
-from bench.health import collapse_warnings, method_trains
-from bench.records import run_record_path
+from bench.engine.health import collapse_warnings, method_trains
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table

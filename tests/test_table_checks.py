@@ -66,7 +66,7 @@ def test_collapsed_run_is_marked_in_the_table(tmp_path, capsys):
 def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
     """A derived column (``average``, main's columns) averages the row's runs per seed: the seed whose
     run carries a warning marks the average too; a row with clean runs stays unmarked."""
-    from bench.config import RunConfig
+    from bench.assembly.config import RunConfig
     from bench.reporting.columns import parse_column
     from bench.reporting.protocols import RowProtocol
     from bench.reporting.table_runner import PlannedRun
@@ -103,7 +103,7 @@ def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
      "Dataset 'fashion-mnist' not found at '/nonexistent/digits-home'"),
 ], ids=["rounds", "image-size", "lr-decay", "method-arg-type", "type", "missing-data"])
 def test_a_bad_override_stops_the_table_before_any_run(tmp_path, capsys, sets, message):
-    """`--set` values go through the same option validation as the config's own (bench/validation.py):
+    """`--set` values go through the same option validation as the config's own (bench/assembly/validation.py):
     one error naming the --set, before the first run, nothing written."""
     argv = table(tmp_path, GOOD)
     for item in sets:

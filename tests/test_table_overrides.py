@@ -11,10 +11,10 @@ import pytest
 from conftest import REPO
 from test_tables import SPEC, SPEC_YAML, fake_record
 
+from bench.assembly.records import record_path
 from bench.cli import main
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
 from bench.reporting.table_overrides import TableOverrides
 from bench.reporting.table_runner import plan_runs
 from bench.reporting.table_spec import TableSpec

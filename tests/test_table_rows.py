@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from test_tables import fake_record
 
+from bench.assembly.records import record_path, run_record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path, run_record_path
 from bench.reporting.coverage import coverage
 from bench.reporting.table_runner import distinct_runs, plan_runs
 from bench.reporting.table_spec import TableSpec

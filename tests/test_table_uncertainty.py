@@ -15,9 +15,9 @@ import pytest
 from conftest import REPO
 from PIL import Image
 
+from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.records import record_path
 from bench.reporting.paper_compare import welch_p
 from bench.reporting.table_runner import load_table_config, plan_runs
 from bench.reporting.tables import render_table

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.code_version import code_version
+from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
-from bench.records import record_path
+from bench.core.code_version import code_version
 from bench.reporting.paper_compare import welch_p
 from bench.reporting.table_runner import plan_runs, record_status
 from bench.reporting.table_spec import TableSpec

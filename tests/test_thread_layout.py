@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import REPO, cli_args, load_final_state, max_state_diff
 
-from bench.config import RunConfig, result_config
-from bench.records import same_result_config
-from bench.workers import rank_threads
+from bench.assembly.config import RunConfig, result_config
+from bench.assembly.records import same_result_config
+from bench.assembly.workers import rank_threads
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -47,7 +47,7 @@ def test_a_thread_count_other_than_one_is_part_of_the_result_identity():
 
 
 def test_a_one_rank_run_sets_one_thread(tiny_cfg):
-    from bench.experiment import resolve_run
+    from bench.assembly.experiment import resolve_run
 
     before = torch.get_num_threads()
     try:
@@ -66,7 +66,7 @@ def run_default_threads(cfg) -> dict:
     proc = subprocess.run([sys.executable, "-m", "bench.cli", "run", *cli_args(cfg)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from bench.records import find_record
+    from bench.assembly.records import find_record
 
     return json.loads(find_record(cfg).read_text())
 

@@ -160,12 +160,12 @@ def test_render_only_wandb_logs_the_records_without_training(wandb_table, tmp_pa
     config, runs_dir, _, live_dir = wandb_table
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    import bench.experiment
+    import bench.assembly.experiment
 
     def no_training(*args, **kwargs):
         raise AssertionError("--render-only ran an experiment")
 
-    monkeypatch.setattr(bench.experiment, "run_experiment", no_training)
+    monkeypatch.setattr(bench.assembly.experiment, "run_experiment", no_training)
     records = {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*.json")}
     assert main(["table", "--config", str(config), "--output-dir", str(runs_dir), "--tables-dir", str(tmp_path / "t"),
                  "--render-only", "--wandb", "--wandb-dir", str(tmp_path / "wandb")]) == 0
@@ -210,18 +210,18 @@ def all_runs(wandb_dir: Path) -> list[dict]:
 def offline_env(monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    import bench.experiment
+    import bench.assembly.experiment
 
     def no_training(*args, **kwargs):
         raise AssertionError("a table whose records all exist ran an experiment")
 
-    monkeypatch.setattr(bench.experiment, "run_experiment", no_training)
+    monkeypatch.setattr(bench.assembly.experiment, "run_experiment", no_training)
 
 
 def test_wandb_ids_are_the_record_identity(wandb_table):
     """Issue 39.2: a train run's W&B id is its record's identity (experiment, record name, code version),
     so that the live run, a replay of its record and a rerun are one W&B run."""
-    from bench.records import find_record, load_record
+    from bench.assembly.records import find_record, load_record
     from bench.reporting.table_runner import load_table_config, plan_runs
     from bench.reporting.wandb_logger import wandb_run_id
 
@@ -297,7 +297,7 @@ def test_live_runs_are_counted_as_logged(wandb_table, tmp_path, monkeypatch, cap
 def test_rounds_are_numbered_alike_in_every_output(wandb_table, tmp_path):
     """Issue 39.2: one round numbering (from 0, the records' own) in the curves PNG, W&B's ``round``,
     ``reported_round`` and the dashboard preview (the curves drew 1..R, the others 0..R-1)."""
-    from bench.records import find_record, load_record
+    from bench.assembly.records import find_record, load_record
     from bench.reporting.dashboard_preview import logged_runs, mean_std_curve
     from bench.reporting.plots import curve_of
     from bench.reporting.table_runner import load_table_config, plan_runs
@@ -358,7 +358,7 @@ def test_dashboard_follows_a_reduced_table_run(wandb_table, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
 def test_run_tags(scheme, tags):
-    from bench.config import RunConfig
+    from bench.assembly.config import RunConfig
     from bench.reporting.wandb_logger import run_tags
 
     cfg = RunConfig()

@@ -5,20 +5,20 @@ first checks the installed major version against the ones fedbench was tested wi
 bounds in pyproject.toml; the exact versions in requirements.lock) and then looks the name up,
 failing with one FedbenchError that names the library, the version and the fix, instead of an
 AttributeError deep in a run. ``check()`` resolves every name at once: a run calls it before it
-starts (bench/experiment.py make_fabric). tests/test_compat.py checks that no other module of
+starts (bench/assembly/experiment.py make_fabric). tests/test_compat.py checks that no other module of
 bench, datamodules or lightning_modules uses a private torch or Lightning name.
 
 The names:
 
 - ``torch.distributed.distributed_c10d._get_default_store``: the key-value store of the default
-  process group (bench/liveness.py posts which rank reached which collective, and a rank's error);
+  process group (bench/engine/liveness.py posts which rank reached which collective, and a rank's error);
 - ``torch.nn.modules.batchnorm._BatchNorm``: the base of every BatchNorm layer with running
   statistics (FedBM's BN-statistics loss hooks them);
 - ``lightning.fabric.loggers.tensorboard._TENSORBOARD_AVAILABLE`` / ``_TENSORBOARDX_AVAILABLE``:
   whether Lightning's TensorBoardLogger can write (--tensorboard is refused up front otherwise);
 - ``lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver`` (its ``_run``,
   ``_child_processes``) and ``_launch_process_observer``: Fabric's watcher of the ranks it launched,
-  which bench/rank_observer.py replaces (Fabric has no public option for it);
+  which bench/assembly/rank_observer.py replaces (Fabric has no public option for it);
 - ``torch._foreach_add_``, ``_foreach_sub``, ``_foreach_sub_``, ``_foreach_mul``, ``_foreach_norm``: one
   multi-tensor op per list instead of one per parameter (FedProx's, FedDyn's and Scaffold's per-step work);
 - torchmetrics' optional-dependency flags ``torchmetrics.utilities.imports._TORCHVISION_AVAILABLE`` and the

@@ -4,7 +4,7 @@ During a run, ``current_ranks()`` is the run's ``Ranks`` (the engine sets it bef
 for the whole run; outside a run, in tests and tools, it is one rank): whether this process is rank 0,
 and ``rank_zero_first`` for work that rank 0 does first and the other ranks then reuse (the CLIP text and
 image feature caches, FedCB's prompt embeddings: one encode per machine, bit-identical on every rank).
-Its barrier is the run's own (bench/liveness.py: under the run's ``--timeout``, a rank that never arrives
+Its barrier is the run's own (bench/engine/liveness.py: under the run's ``--timeout``, a rank that never arrives
 is named in one clear error), not a raw ``torch.distributed.barrier``.
 """
 from __future__ import annotations

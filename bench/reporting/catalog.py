@@ -177,7 +177,7 @@ def method_descriptions() -> dict[str, str]:
 
 
 def method_entries() -> dict[str, dict[str, Any]]:
-    from bench.validation import FILLED_BY_BUILDER, method_signature
+    from bench.assembly.validation import FILLED_BY_BUILDER, method_signature
     from lightning_modules.base import METHODS
 
     described = method_descriptions()

@@ -111,7 +111,7 @@ CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                                                'skin-cancer'],
                               'module': 'datamodules.class_folder',
                               'needs_root': False}},
- 'digest': '387900039ca669b3b339766778c37f57db656342',
+ 'digest': 'ed82d822fcab974bc1c6293420423459d7a4c778',
  'methods': {'balancefl': {'description': 'BalanceFL (Shuai et al., "BalanceFL: Addressing Class Imbalance in '
                                           'Long-Tail Federated Learning", IPSN ...',
                            'module': 'lightning_modules.balancefl',

@@ -8,7 +8,7 @@ Per cell (bench/reporting/tables.py prints them beside the number):
                    chance-level accuracy c on the n test images. "below chance" when the whole interval
                    lies below it.
     collapsed      a run whose trained global model predicts one class for every test image at the round
-                   the table prints, with the round it collapsed at (bench/health.py); a method that does
+                   the table prints, with the round it collapsed at (bench/engine/health.py); a method that does
                    not train (zero-shot CLIP) never is.
     one seed       no spread to show: no ±.
 None of these cells is ever bold: their number says nothing about which method is best.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from bench.health import COLLAPSE_MARK, collapse_at, collapse_note
+from bench.engine.health import COLLAPSE_MARK, collapse_at, collapse_note
 from bench.reporting.protocols import RowProtocol, select_round
 from bench.reporting.uncertainty import binomial_se
 

@@ -34,7 +34,7 @@ class LoggedRun:
 
 def logged_runs(spec: TableSpec, runs: list) -> list[LoggedRun]:
     """Every planned run that has a record, as its W&B run would hold it (runs without one are left out)."""
-    from bench.records import find_record, load_record
+    from bench.assembly.records import find_record, load_record
     from bench.reporting.table_runner import wandb_identity
     from bench.reporting.wandb_logger import replayed_rows, rule_summary
 

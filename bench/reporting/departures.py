@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 

@@ -87,7 +87,7 @@ def project(counts: Counter, costs: dict[str, float], fallback: str, speedup: fl
 
 def one_run(args) -> None:
     """Child mode: run one row for ``--rounds`` rounds and print its cost as one JSON line."""
-    from bench.experiment import make_fabric, run_experiment
+    from bench.assembly.experiment import make_fabric, run_experiment
     from datamodules.kvasir import KVASIR_SPLIT
 
     _, configs = table_runs()

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.core.numerics import apply_gpu_math
 from bench.reporting.gpu_check_shape import max_difference
 
@@ -59,7 +59,7 @@ def tiny_config(root: str, method: str, accelerator: str, **overrides) -> RunCon
 
 
 def run(cfg: RunConfig) -> dict:
-    from bench.experiment import make_fabric, run_experiment
+    from bench.assembly.experiment import make_fabric, run_experiment
 
     fabric = make_fabric(cfg)
     fabric.launch()
@@ -102,7 +102,7 @@ def check_determinism(root: str, accelerator: str) -> tuple[bool, str]:
 
 def outcome(cfg: RunConfig) -> tuple[dict, dict]:
     """A finished run's record and final state (``save_final_state``)."""
-    from bench.records import record_path
+    from bench.assembly.records import record_path
 
     path = record_path(cfg.output_dir, cfg.experiment, cfg.run_name())
     return json.loads(path.read_text()), torch.load(path.with_suffix(".pt"))
@@ -115,7 +115,7 @@ class StopAfterCheckpoint(Exception):
 def check_resume(root: str, accelerator: str) -> tuple[bool, str]:
     """A FedAvg run stopped right after checkpointing round 0 of 3 and resumed ends with the same weights
     and metrics as the run that went through (its checkpoint saved and loaded on the device)."""
-    from bench.checkpoint import Checkpointer
+    from bench.engine.checkpoint import Checkpointer
 
     def config(folder: str, **extra) -> RunConfig:
         cfg = tiny_config(folder, "fedavg", accelerator, experiment="resume", checkpoint_every=1, **extra)
@@ -153,8 +153,8 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
     done one after the other in this process."""
     from types import SimpleNamespace
 
+    from bench.assembly.workers import cpu_cores
     from bench.reporting.table_jobs import run_jobs
-    from bench.workers import cpu_cores
 
     def config(folder: str, seed: int) -> RunConfig:
         cfg = tiny_config(folder, "fedavg", accelerator, experiment="jobs", seed=seed, save_final_state=True)
@@ -181,7 +181,7 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
 
 
 def check_devices_auto(accelerator: str) -> tuple[bool, str]:
-    from bench.workers import auto_layout, visible_gpus
+    from bench.assembly.workers import auto_layout, visible_gpus
 
     gpus = len(visible_gpus(accelerator))
     cfg = tiny_config("/tmp", "fedavg", accelerator)

@@ -3,7 +3,7 @@ training stack already imported (bench/reporting/table_jobs.py ``job_context``).
 
 Imported by the forkserver process only (``multiprocessing``'s ``set_forkserver_preload``): torchmetrics'
 unused extras skipped first (as in every fedbench process, bench/core/compat.py), then the modules a
-worker's run needs (``_run_one``: bench.experiment and the W&B observer). Importing them runs no torch
+worker's run needs (``_run_one``: bench.assembly.experiment and the W&B observer). Importing them runs no torch
 operation, so no OpenMP thread pool exists to be lost in the fork (a pool started before a fork can hang
 the child); each worker sets its own threads, allocator and GPU after the fork (``_start_worker``).
 
@@ -31,7 +31,7 @@ TABLE = os.getppid()  # the forkserver's parent: the table's process
 die_with_parent(parent=TABLE)
 skip_torchmetrics_extras()
 
-import bench.experiment
+import bench.assembly.experiment
 import bench.reporting.wandb_logger  # noqa: F401
 
 TABLE_EXIT_WAIT_S = 5.0  # how long a failed worker's start waits to see whether the table is ending

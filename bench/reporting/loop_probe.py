@@ -43,8 +43,8 @@ def synthetic_data(samples: int, size: int, num_classes: int = 10):
 
 
 def fashion_mnist(samples: int, cache_dir: str | None):
-    from bench.config import RunConfig
-    from bench.run_data import build_datamodule, to_device
+    from bench.assembly.config import RunConfig
+    from bench.assembly.run_data import build_datamodule, to_device
 
     cfg = RunConfig()
     cfg.data.max_train_samples = samples
@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace) -> dict:
     else:
         from lightning.fabric import Fabric
 
-        from bench.speed_options import apply_speed_options, with_channels_last
+        from bench.assembly.speed_options import apply_speed_options, with_channels_last
 
         autocast = Fabric(accelerator=device, devices=1, precision=args.precision).autocast
         apply_speed_options(module, args.channels_last, args.compile)

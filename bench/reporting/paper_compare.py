@@ -49,7 +49,7 @@ PAPER_NAMES = {"fedbm": "FedBM", "fedcb": "FedCB", "fednpr": "FedNPR", "facmic":
 # our data.name -> the papers' dataset key, where they differ
 PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc", "real-skin": "real"}
 # our metric -> the papers' names for it: FedNPR's bAUC is the mean one-vs-rest AUC over the classes
-# present in the test split, which is how bench/metrics.py computes auc
+# present in the test split, which is how bench/engine/metrics.py computes auc
 PAPER_METRICS = {"auc": ("auc", "balanced_auc")}
 REF_KEYS = ("paper_method", "paper_table", "paper_setting")
 

@@ -10,7 +10,7 @@ allocator behaviour too. Cases (``--cases``, default all):
   page faults per step. The ratio is fedbench over the churn-free bare loop, paired per repeat.
 - ``options``: the speed-up of channels_last, bf16-mixed and torch.compile on fedbench's loop.
 - ``workers``: one process with all cores' threads against one 1-thread process per core training at
-  once (the default layout of ``fedbench run`` on a multi-core CPU, bench/workers.py).
+  once (the default layout of ``fedbench run`` on a multi-core CPU, bench/assembly/workers.py).
 - ``round``: the per-round case of issue 19 (bench/reporting/perf_round.py), also ``make bench-round``.
 - ``clip``: FACMIC's feature-cache speed-up (bench/reporting/perf_clip.py).
 - ``table2`` (not in the default set): the offline table2 with its 2 ranks vs ``--jobs 2``
@@ -28,13 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from bench.assembly.workers import CPU_LAYOUT, cpu_cores
 from bench.core.allocator import OPT_OUT_ENV
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 from bench.reporting.flags import CommandParser
 from bench.reporting.perf_env import clean_env
-from bench.workers import CPU_LAYOUT, cpu_cores
 
 CASES = ("loops", "options", "workers", "round", "clip", "table2")
 DEFAULT_CASES = CASES[:-1]  # table2 (two full offline tables, ~25 min) runs on request: make bench-table2
@@ -161,7 +161,7 @@ def print_workers(r: dict) -> None:
           f"{statistics.median(r['one_rank_all_threads_samples_per_s']):.0f} samples/s; {r['cores']} ranks x 1 thread "
           f"{statistics.median(r['one_thread_workers_samples_per_s']):.0f} samples/s (x{r['speedup_workers']:.2f})")
     verdict = "agrees with" if r["default_agrees"] else "CONTRADICTS"
-    print(f"  this measurement {verdict} fedbench's default CPU layout ({r['default_layout']!r}, bench/workers.py)")
+    print(f"  this measurement {verdict} fedbench's default CPU layout ({r['default_layout']!r}, bench/assembly/workers.py)")
 
 
 def load_report(path: Path) -> dict:

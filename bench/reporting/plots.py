@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bench.assembly.partition_plot import plot_partition
 from bench.core.atomic_io import atomic_write
-from bench.partition_plot import plot_partition
 
 if TYPE_CHECKING:
     from bench.reporting.table_spec import TableSpec

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.core.errors import FedbenchError
-from bench.val_scores import VAL_SCORES, metric_sum
+from bench.engine.val_scores import VAL_SCORES, metric_sum
 
 if TYPE_CHECKING:
     from bench.reporting.table_spec import TableSpec
@@ -85,7 +85,7 @@ ANY = "any"  # (papers only) a model that does not train, e.g. zero-shot CLIP: e
 
 
 _SCORES: dict[str, Callable[[dict[str, float]], float]] = {
-    **VAL_SCORES,  # best-val-acc, best-val-sum5 (bench/metrics.py: the orchestrator uses them too)
+    **VAL_SCORES,  # best-val-acc, best-val-sum5 (bench/engine/metrics.py: the orchestrator uses them too)
     "max-test-acc": lambda m: metric_sum(m, ("test/accuracy",)),
     "max-test-bacc": lambda m: metric_sum(m, ("test/balanced_accuracy",)),
 }
@@ -95,7 +95,7 @@ def select_round(history: list[dict], rule: str) -> dict | None:
     """The history entry whose test metrics ``rule`` reports (None when no round was evaluated).
 
     Ties go to the earliest round. ``best-val-acc`` on a history without validation metrics falls
-    back to the final round, as the record's own ``best`` does (bench/records.summarise).
+    back to the final round, as the record's own ``best`` does (bench/assembly/records.summarise).
     """
     if rule not in ROUND_RULES:
         raise FedbenchError(f"Unknown round rule {rule!r}; choose one of {', '.join(ROUND_RULES)}.")
@@ -184,7 +184,7 @@ def partition_key(cfg) -> str:
 
 def run_setup(cfg, centrally: bool) -> dict[str, Any]:
     """The setup facets of a run config: clients, rounds, local epochs and client sampling; a
-    centralised run is one client trained for rounds x local_epochs epochs (bench/central.py)."""
+    centralised run is one client trained for rounds x local_epochs epochs (bench/assembly/central.py)."""
     if centrally:
         return {"clients": 1, "epochs": cfg.fed.rounds * cfg.fed.local_epochs}
     return {"clients": cfg.partition.num_clients, "rounds": cfg.fed.rounds, "local_epochs": cfg.fed.local_epochs,

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.code_version import code_version, same_code
-from bench.config import RunConfig, execution_keys, result_config
+from bench.assembly.config import RunConfig, execution_keys, result_config
+from bench.assembly.records import git_commit
 from bench.core.atomic_io import write_json
+from bench.core.code_version import code_version, same_code
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
-from bench.records import git_commit
 from bench.reporting.flags import CommandParser
 from bench.reporting.spec import (
     RUN_KEYS,
@@ -121,7 +121,7 @@ def entry_config(spec: RegressionSpec, name: str, output_dir: str) -> RunConfig:
 
 def run_entry(spec: RegressionSpec, name: str) -> dict[str, Any]:
     """Run entry ``name`` in a fresh temporary directory; returns {config, metrics, history}."""
-    from bench.experiment import run_experiment
+    from bench.assembly.experiment import run_experiment
 
     with tempfile.TemporaryDirectory(prefix=f"fedbench-regression-{name}-") as tmp:
         cfg = entry_config(spec, name, tmp)

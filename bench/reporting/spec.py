@@ -3,7 +3,7 @@ regression set (configs/regression.yaml).
 
 Both hold RunConfig overrides (``base``; a table's rows, the regression runs) merged onto the
 defaults in order. Every key is checked before anything runs: a spec's own keys against the list
-its runner gives, the overrides against the fields of the config dataclasses (bench/config.py), so
+its runner gives, the overrides against the fields of the config dataclasses (bench/assembly/config.py), so
 a typo is one error naming the key and what is allowed.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from bench.config import OPTION_GROUPS, RunConfig, canonical, from_dict, result_config, with_defaults  # noqa: F401 (re-exported)
+from bench.assembly.config import OPTION_GROUPS, RunConfig, canonical, from_dict, result_config, with_defaults  # noqa: F401 (re-exported)
 from bench.core.errors import FedbenchError
 from bench.core.paths import shipped
 

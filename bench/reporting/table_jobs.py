@@ -42,11 +42,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from bench.config import RunConfig, from_dict
+from bench.assembly.config import RunConfig, from_dict
+from bench.assembly.workers import auto_layout, clients_per_round, cpu_cores, launchable, visible_gpus
 from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError
 from bench.core.lifetime import Interrupted, die_with_ancestor, die_with_parent
-from bench.workers import auto_layout, clients_per_round, cpu_cores, launchable, visible_gpus
 
 GIB = 1024 ** 3
 JOB_MEMORY_GIB = 4.0  # --job-memory default: the largest measured peak (FedBM 3.6 GiB) and some room
@@ -236,7 +236,7 @@ def wait_for_memory(need_gib: float, run: str, sleep=time.sleep) -> int:
 
 def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | None,
              identity: dict | None = None, need_gib: float | None = None) -> str:
-    from bench.experiment import make_fabric, run_experiment
+    from bench.assembly.experiment import make_fabric, run_experiment
     from bench.reporting.wandb_logger import wandb_observer
 
     cfg = from_dict(config)

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from bench.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
+from bench.assembly.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
+from bench.assembly.option_types import describe, matches
 from bench.core.errors import FedbenchError
-from bench.option_types import describe, matches
 
 if TYPE_CHECKING:
     from bench.reporting.table_spec import TableSpec
@@ -55,7 +55,7 @@ RESERVED = {
     "devices": "use --devices", "output_dir": "use --output-dir", "wandb": "use --wandb",
     "data.fold": "the folds are the table's `folds:` key", "data.folds": "the folds are the table's `folds:` key",
 }
-# where the data is and how runs execute (bench/config.py's EXECUTION options): overriding these keeps the
+# where the data is and how runs execute (bench/assembly/config.py's EXECUTION options): overriding these keeps the
 # table at the config's budget
 # Run options that change the arithmetic, not the budget: a table run with them is complete, but a result of
 # its own (written beside the config's table, never over it)
@@ -80,7 +80,7 @@ def _fields() -> dict[str, Any]:
 
 def coerce(key: str, hint: Any, value: Any, text: str) -> Any:
     """``value`` (parsed from ``text``) as the option's type, or one clear error (the type rules are
-    bench/validation.py's, which checks every planned run again before any starts)."""
+    bench/assembly/validation.py's, which checks every planned run again before any starts)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
         if matches(value, hint):
@@ -287,7 +287,7 @@ class TableOverrides:
     @staticmethod
     def method_accepts(name: str) -> set[str]:
         """The keyword options of method ``name`` (imports it: only when ``--set method.args.*`` is given)."""
-        from bench.experiment import method_arg_names
+        from bench.assembly.experiment import method_arg_names
         from lightning_modules.base import METHODS
 
         return method_arg_names(METHODS.get(name))

@@ -15,7 +15,7 @@ import statistics
 import warnings
 from dataclasses import dataclass
 
-from bench.records import RecordError, bare_record_path, find_record, load_record, run_record_path
+from bench.assembly.records import RecordError, bare_record_path, find_record, load_record, run_record_path
 
 
 @dataclass

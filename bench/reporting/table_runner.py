@@ -20,7 +20,7 @@ rows (one FedBM run shown under several ablation tables) run once and share thei
 Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
 on every run, ``--seeds`` / ``--rows`` subsets; ``--data-home`` (or $FEDBENCH_DATA) is the folder the
 datasets are found in by their archive names (datamodules/data_home.py). The overridden runs are
-checked like the config's own (bench/validation.py), every one before the first starts.
+checked like the config's own (bench/assembly/validation.py), every one before the first starts.
 
 Two row keys serve ablations:
   record_tag   rows that differ only in options the run name does not show (FACMIC Table 4's batch
@@ -39,11 +39,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from bench.code_version import code_version, same_code
-from bench.config import OPTION_GROUPS, RunConfig, result_config
-from bench.core.errors import FedbenchError, FedbenchWarning
-from bench.core.lifetime import first_process
-from bench.records import (
+from bench.assembly.config import OPTION_GROUPS, RunConfig, result_config
+from bench.assembly.records import (
     RecordError,
     bare_record_path,
     find_record,
@@ -51,6 +48,9 @@ from bench.records import (
     run_record_path,
     same_result_config,
 )
+from bench.core.code_version import code_version, same_code
+from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.core.lifetime import first_process
 from bench.reporting.columns import columns_from, table_columns
 from bench.reporting.flags import CommandParser, options_yaml, spellings
 from bench.reporting.spec import deep_merge, run_config
@@ -221,7 +221,7 @@ def distinct_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
 
 def record_status(cfg: RunConfig) -> tuple[dict | None, str]:
     """(the record to reuse, or None; why): a record is reused when its result-config and the code
-    version of its run (bench/code_version.py: engine, method, data module, partition scheme) match."""
+    version of its run (bench/core/code_version.py: engine, method, data module, partition scheme) match."""
     path = find_record(cfg)
     if path is None:  # a record of this run name under other options: say so
         return None, "config changed" if bare_record_path(cfg).exists() else "no record"
@@ -463,7 +463,7 @@ def check_flag_combinations(args) -> None:
 def check_render_plan(runs: list[PlannedRun]) -> None:
     """--render-only: every run's experiment and record names are plain names (bench/core/paths.py; a run
     checks them in validate_config) and rows sharing a record are the same run."""
-    from bench.validation import check_output_names
+    from bench.assembly.validation import check_output_names
 
     for r in runs:
         check_output_names(r.cfg)
@@ -501,12 +501,12 @@ def run_label(r: PlannedRun) -> str:
 
 
 def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOverrides | None = None) -> None:
-    """Every planned run's options (bench/validation.py; with the command-line overrides applied),
+    """Every planned run's options (bench/assembly/validation.py; with the command-line overrides applied),
     rows sharing a record, and the output folders, before any run starts. An invalid value given with
     --set is named as such: it is the same error in every row."""
+    from bench.assembly.validation import check_writable, validate_config
+    from bench.assembly.workers import rank_threads, visible_gpus
     from bench.reporting.table_jobs import check_jobs, table_devices
-    from bench.validation import check_writable, validate_config
-    from bench.workers import rank_threads, visible_gpus
     from lightning_modules.base import METHODS
 
     check_jobs(args.jobs, getattr(args, "job_memory", JOB_MEMORY_GIB),
@@ -522,7 +522,7 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
             if given is not None:
                 raise FedbenchError(f"Table {spec.name}: --set {given}: {err}") from err
             raise FedbenchError(f"Table {r.cfg.experiment}, row {r.label!r} {run_label(r)}: {err}") from err
-        # several clients on a CPU: 1 thread per rank (bench/workers.py rank_threads); a one-client run keeps
+        # several clients on a CPU: 1 thread per rank (bench/assembly/workers.py rank_threads); a one-client run keeps
         # the layout's threads, or under --jobs the worker's share of the cores (unset: not in its identity)
         r.cfg.threads = rank_threads(r.cfg, METHODS.get(r.cfg.method.name).runs_centrally) or (
             threads if args.jobs == 1 else None)
@@ -533,7 +533,7 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
 
 def check_data(todo: list[PlannedRun]) -> None:
     """Load every distinct dataset the runs need (missing, corrupt or single-class data fails now)."""
-    from bench.run_data import setup_datamodule
+    from bench.assembly.run_data import setup_datamodule
 
     seen = set()
     for r in todo:
@@ -558,7 +558,7 @@ def execute(runs: list[PlannedRun], spec: TableSpec, args, annotations: dict | N
     ``annotations`` (the command-line overrides) are stored in every record and W&B run."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from bench.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
+    from bench.assembly.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
     from bench.reporting.wandb_logger import wandb_observer
 
     reasons = Counter()

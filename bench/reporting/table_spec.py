@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.config import OPTION_GROUPS
+from bench.assembly.config import OPTION_GROUPS
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name, shipped
 from bench.reporting.flags import config_kind

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.assembly.records import find_record, load_record
 from bench.core.atomic_io import atomic_write_text, write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
-from bench.records import find_record, load_record
 from bench.reporting.cell_marks import (
     ON_GLOBAL_TEST,
     balanced_test_note,

@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.code_version import code_version
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
+from bench.assembly.run_outputs import RunObserver, round_scalars
+from bench.core.code_version import code_version
 from bench.core.errors import FedbenchError
 from bench.reporting.columns import column_of, run_column
-from bench.run_outputs import RunObserver, round_scalars
 
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
 # the CSV's text columns (the others are numbers, or empty)

@@ -87,7 +87,7 @@ def bare_record_path(cfg) -> Path:
 def same_result_config(rec: dict, cfg) -> bool:
     """Whether record ``rec`` was written under ``cfg``'s result config (options added since it was
     written count at their defaults)."""
-    from bench.config import canonical, result_config, with_defaults
+    from bench.assembly.config import canonical, result_config, with_defaults
 
     recorded = with_defaults(rec.get("config", {}))
     return canonical(result_config(recorded)) == canonical(result_config(cfg.to_dict()))

@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from bench.aggregation import RoundBuffer, client_metrics_row, copy_into
-from bench.checkpoint import Checkpointer, CheckpointError
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import METHOD, TORCH_GLOBAL, derive_seed, sample_clients, torch_generator
-from bench.evaluation import eval_batch_size, evaluate_local, evaluate_sharded
-from bench.health import check_finite_state, nonfinite_hint
-from bench.liveness import other_rank_error, post_rank_error, set_round, waiting_on
-from bench.metrics import METRIC_NAMES, VAL_SCORES
-from bench.placement import assign_clients
-from bench.round_plan import RoundPlan
+from bench.engine.aggregation import RoundBuffer, client_metrics_row, copy_into
+from bench.engine.checkpoint import Checkpointer, CheckpointError
+from bench.engine.evaluation import eval_batch_size, evaluate_local, evaluate_sharded
+from bench.engine.health import check_finite_state, nonfinite_hint
+from bench.engine.liveness import other_rank_error, post_rank_error, set_round, waiting_on
+from bench.engine.metrics import METRIC_NAMES, VAL_SCORES
+from bench.engine.placement import assign_clients
+from bench.engine.round_plan import RoundPlan
 from lightning_modules.base import (
     ClientContext,
     FederatedModule,
@@ -94,7 +94,7 @@ class Federation:
 
     Client c lives on rank c % world_size; its persistent state never leaves that rank. When the
     method keeps no per-client state, the round's clients are spread over the ranks by their sizes
-    instead (bench/placement.py). The sampled clients of a round are a pure function of (seed,
+    instead (bench/engine/placement.py). The sampled clients of a round are a pure function of (seed,
     round); every draw of a client's training derives from (seed, round, client); so the result does
     not depend on world size.
     """
@@ -347,7 +347,7 @@ class Federation:
             log = self.run_round(r)
             entry = vars(log)
             self.history.append(entry)
-            if log.metrics:  # (on_round_end logs the round: bench/run_outputs.py log_round)
+            if log.metrics:  # (on_round_end logs the round: bench/assembly/run_outputs.py log_round)
                 bar.set_postfix({BAR_KEYS[k]: f"{v:.1f}" for k, v in log.metrics.items() if k in BAR_KEYS})
             if self.on_round_end is not None:
                 self.on_round_end(entry)

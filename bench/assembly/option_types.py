@@ -1,5 +1,5 @@
 """Whether a value parsed from YAML/JSON fits an option's annotation, and the annotation in words: the type
-rules of bench/validation.py, without its imports (torch, Lightning), so that `fedbench table --set` checks a
+rules of bench/assembly/validation.py, without its imports (torch, Lightning), so that `fedbench table --set` checks a
 value before the training stack is imported."""
 from __future__ import annotations
 

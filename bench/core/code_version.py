@@ -5,7 +5,7 @@ version; a resume needs the same version too. A run's version hashes four parts,
 import closure (module- and function-level imports read with ``ast``, followed within this
 repository) of
 
-- the round engine: ``bench.experiment`` (the round loop, aggregation, evaluation, records, the
+- the round engine: ``bench.assembly.experiment`` (the round loop, aggregation, evaluation, records, the
   base classes of methods and data modules, the partitioner), without the modules the registries
   discover (those are parts of their own);
 - the method: the module registering ``method.name`` (``@METHODS.register("fedrs")``) and what it
@@ -26,13 +26,13 @@ maps each known legacy version to parts, so such a record is current exactly whe
 depends on equal this checkout's. A tree registered as it is keeps its own parts; a tree registered
 with a declaration (a one-time migration: the changes since it move no number) gets the parts of the
 checkout that declared it, and lists the parts that differed (``changed_since_tree``) for review.
-``python -m bench.code_version register-legacy TREE NOTE [WHY]`` adds one. An unknown legacy version
+``python -m bench.core.code_version register-legacy TREE NOTE [WHY]`` adds one. An unknown legacy version
 counts as changed code. The entry for commit 3fda314 (``c78d9d36c5aa``) is declared: since it, only
 this identity and bench/core/compat.py changed (the engine and FedBM's part).
 
 A change that moves no number (a refactor of the engine, a file moved, a faster formula with the same
 bits) can be *declared* so that records and checkpoints keep counting as current:
-``python -m bench.code_version declare-same TREE NOTE WHY`` compares the parts of TREE (a checkout of
+``python -m bench.core.code_version declare-same TREE NOTE WHY`` compares the parts of TREE (a checkout of
 the code before the change) with this checkout's and records, for each part that differs, "TREE's hash
 is the same code as this one" with the reason (the proof: which regression references and equivalence
 tests passed unchanged). A record is then current when its version is the one this checkout gives
@@ -54,9 +54,13 @@ from typing import Any
 
 from bench.core.paths import REPO_ROOT
 
-ENGINE = "bench.experiment"
+# the round engine's root module; a tree from before bench/'s modules moved into layer packages (bench.engine,
+# bench.assembly) has it as bench.experiment (declare-same reads such trees)
+ENGINE = "bench.assembly.experiment"
+ENGINE_BEFORE_THE_MOVE = "bench.experiment"
 PACKAGES = ("bench", "datamodules", "lightning_modules")
-IDENTITY_MODULES = frozenset({"bench.code_version"})  # the identity itself: it changes no number
+# the identity itself, here and where it lived before the move: it changes no number
+IDENTITY_MODULES = frozenset({"bench.core.code_version", "bench.code_version"})
 # part kind -> (the folder whose modules the registry discovers, the registry's name)
 REGISTRIES = {"method": ("lightning_modules", "METHODS"), "data": ("datamodules", "DATASETS"),
               "partition": ("datamodules/partitions", "PARTITION_SCHEMES")}
@@ -204,7 +208,8 @@ class Tree:
     def __init__(self, root: Path) -> None:
         self.root, self.graph, self.registered = root, import_graph(root), registrations(root)
         discovered = frozenset(p for names in self.registered.values() for p in names.values())
-        self.engine_files = closure([module_path(ENGINE, root)], self.graph, root, skip=discovered)
+        engine = module_path(ENGINE, root) or module_path(ENGINE_BEFORE_THE_MOVE, root)
+        self.engine_files = closure([engine], self.graph, root, skip=discovered)
         self.engine = part_hash(self.engine_files, root)
         self.hashes: dict[tuple[str, str], str | None] = {}
 
@@ -327,7 +332,7 @@ def judge(recorded: str | None, cfg: Any, legacy: dict[str, dict[str, Any]], tre
 def legacy_version_of(tree: Path) -> str:
     """The legacy (whole-tree, raw bytes) version of ``tree``, computed by that tree's own code."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from bench.code_version import code_version; print(code_version())")
+            "from bench.code_version import code_version; print(code_version())")  # a legacy tree's own module
     out = subprocess.run([sys.executable, "-c", code, str(tree)], cwd=tree, check=True, capture_output=True,
                          text=True)
     return out.stdout.strip()
@@ -383,8 +388,8 @@ def lookup(parts: dict[str, Any], part: str) -> str | None:
     return parts[kind].get(name)
 
 
-USAGE = """usage: python -m bench.code_version register-legacy TREE NOTE [WHY]
-       python -m bench.code_version declare-same TREE NOTE WHY
+USAGE = """usage: python -m bench.core.code_version register-legacy TREE NOTE [WHY]
+       python -m bench.core.code_version declare-same TREE NOTE WHY
   register-legacy: TREE is a checkout that wrote records with a legacy (whole-tree) code version; NOTE:
   which one it is; WHY: declare that the changes from TREE to this checkout move no number (its records
   then count as made with this checkout's parts); without WHY they keep TREE's own parts.

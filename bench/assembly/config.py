@@ -15,10 +15,10 @@ from bench.core.paths import DEFAULT_CACHE_DIR
 # field metadata of the options that say where/how a run executes, not what it computes: ignored
 # when records and references are matched (result_config)
 EXECUTION = {"execution": True}
-# The precisions fedbench runs (RunConfig.precision lists Fabric's names; bench/validation.py rejects the
+# The precisions fedbench runs (RunConfig.precision lists Fabric's names; bench/assembly/validation.py rejects the
 # others). Modules are moved with fabric.to_device, not wrapped by fabric.setup, so run_experiment applies
 # the dtype itself: to the module's floating state and to the batches (64-true: machine-independent numbers).
-# The dtypes by their torch names (``getattr(torch, name)``, bench/experiment.py): parsing a config imports no torch.
+# The dtypes by their torch names (``getattr(torch, name)``, bench/assembly/experiment.py): parsing a config imports no torch.
 PRECISION_DTYPES = {"32-true": "float32", "64-true": "float64"}
 
 
@@ -39,7 +39,7 @@ class DataConfig:
     client_split_file: str | None = None
     # transfer evaluation (FACMIC Table 5: trained on BT, tested on BT2): every image of ``test_dataset``
     # (its train, val and test splits) at ``test_root`` is the test set, the run's own test split becomes
-    # the validation split (model selection); the classes must match (bench/run_data.setup_datamodule)
+    # the validation split (model selection); the classes must match (bench/assembly/run_data.setup_datamodule)
     test_dataset: str | None = None
     test_root: str | None = None
     # K-fold cross-validation (datamodules/folds.py): fold k (0..folds-1) of ``folds`` stratified folds over every
@@ -89,7 +89,7 @@ class FedConfig:
     # rounds whose validation metrics improve (by accuracy or FedBM's sum of five) and the final round,
     # which gives the same test metrics at the best-validation round and at the end, for less work
     test_rounds: Literal["all", "val_improves"] = "val_improves"
-    # samples per evaluation batch; null: as many as fit 2M input values, 256..4096 (bench/evaluation.py)
+    # samples per evaluation batch; null: as many as fit 2M input values, 256..4096 (bench/engine/evaluation.py)
     eval_batch_size: int | None = field(default=None, metadata=EXECUTION)
     # what is evaluated (bench/reporting/protocols.py): None = the method's own protocol; "global"
     # scores the global model (FedRep: averaged body + initial head; FedRoD: its generic head),
@@ -127,7 +127,7 @@ class RunConfig:
     seed: int = 0
     experiment: str = "default"  # groups runs (a table), in records and W&B
     # ranks per node (torchrun's --nproc-per-node); "auto" (the CLI's default): one 1-thread rank per core on a
-    # multi-core CPU (bench/workers.py)
+    # multi-core CPU (bench/assembly/workers.py)
     devices: int | Literal["auto"] = field(default=1, metadata=EXECUTION)
     num_nodes: int = field(default=1, metadata=EXECUTION)  # machines, launched by torchrun or SLURM (README)
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = field(default="auto", metadata=EXECUTION)
@@ -136,7 +136,7 @@ class RunConfig:
     # CUDA float32: "strict" IEEE fp32 + deterministic cuDNN, "tf32" TF32 tensor cores + deterministic cuDNN,
     # or "fast" TF32 + cuDNN autotuning (bench/core/numerics.py; no effect on CPU numbers)
     gpu_math: Literal["strict", "tf32", "fast"] = "strict"
-    # speed options (bench/speed_options.py): NHWC weights and image batches; torch.compile of the backbone.
+    # speed options (bench/assembly/speed_options.py): NHWC weights and image batches; torch.compile of the backbone.
     # Result options (not EXECUTION): both change the last bits (cuDNN/oneDNN pick other kernels for NHWC;
     # compile fuses kernels), so a run with either is its own result; at their defaults (off) they change
     # no identity, so records made before they counted keep theirs
@@ -152,7 +152,7 @@ class RunConfig:
     save_final_state: bool = field(default=False, metadata=EXECUTION)  # also write the final global state
     wandb: bool = field(default=False, metadata=EXECUTION)
     wandb_project: str = field(default="fedbench", metadata=EXECUTION)
-    # per-round scalars also to TensorBoard (every run logs them to CSV; bench/run_outputs.py run_loggers)
+    # per-round scalars also to TensorBoard (every run logs them to CSV; bench/assembly/run_outputs.py run_loggers)
     tensorboard: bool = field(default=False, metadata=EXECUTION)
     progress: bool = field(default=True, metadata=EXECUTION)
 
@@ -241,7 +241,7 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
 def result_config(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that determines a run's numbers: without the EXECUTION fields, except
     ``threads`` when it is neither unset nor 1 (torch threads per rank change the last bits of float
-    sums, so a run with 2 threads is not the same result as one with 1; bench/workers.py rank_threads)."""
+    sums, so a run with 2 threads is not the same result as one with 1; bench/assembly/workers.py rank_threads)."""
     out, execution = {}, execution_keys(RunConfig)
     for key, value in d.items():
         if key == "threads" and value not in (None, 1):

@@ -1,6 +1,6 @@
-"""Resolve a RunConfig into what the round engine reads (bench/round_plan.py), once per run.
+"""Resolve a RunConfig into what the round engine reads (bench/engine/round_plan.py), once per run.
 
-Run assembly (bench/experiment.py, bench/central.py) sits above the engine: it holds the config and plans;
+Run assembly (bench/assembly/experiment.py, bench/assembly/central.py) sits above the engine: it holds the config and plans;
 the Federation and the Checkpointer read only the plan.
 """
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.code_version import code_version
-from bench.config import RunConfig, result_config
-from bench.round_plan import CheckpointPlan, LrSchedule, RoundPlan
+from bench.assembly.config import RunConfig, result_config
+from bench.core.code_version import code_version
+from bench.engine.round_plan import CheckpointPlan, LrSchedule, RoundPlan
 
 
 def eval_protocol(cfg: RunConfig, module) -> str:
@@ -29,7 +29,7 @@ def checkpoint_plan(cfg: RunConfig) -> CheckpointPlan:
 
 
 def plan_rounds(cfg: RunConfig, protocol: str) -> RoundPlan:
-    """The rounds of ``cfg`` (for a central run: the config of its one-client federation, bench/central.py),
+    """The rounds of ``cfg`` (for a central run: the config of its one-client federation, bench/assembly/central.py),
     scoring ``protocol``."""
     fed = cfg.fed
     return RoundPlan(

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from bench.core.batches import DeviceData
-from bench.liveness import waiting_on
-from bench.metrics import classification_metrics
+from bench.engine.liveness import waiting_on
+from bench.engine.metrics import classification_metrics
 
 # input values per evaluation batch when fed.eval_batch_size is null: on a GPU 8 MiB as float32 (large
 # batches keep it busy); on a CPU 2 MiB, where activations that stay in cache are faster. Measured on

@@ -61,7 +61,7 @@ def slurm_tasks_per_node() -> int | None:
 
 def fabric_layout(devices: int, num_nodes: int, visible_gpus: int) -> FabricLayout:
     """The Fabric layout of a run on ``devices`` ranks per node x ``num_nodes`` nodes (validated against
-    the launcher by bench/validation.py check_launcher) when this process sees ``visible_gpus`` GPUs."""
+    the launcher by bench/assembly/validation.py check_launcher) when this process sees ``visible_gpus`` GPUs."""
     if torchrun_launched():  # torchrun's ranks, whatever srun says
         return FabricLayout(devices, num_nodes, [], "torchrun's ranks")
     tasks = slurm_tasks_per_node()

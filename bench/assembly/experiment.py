@@ -12,33 +12,13 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 
-from bench import rank_observer
-from bench.central import as_one_client
-from bench.cluster import fabric_layout
-from bench.code_version import code_version
-from bench.config import PRECISION_DTYPES, RunConfig
-from bench.core import compat
-from bench.core.allocator import apply_allocator_policy
-from bench.core.cpu_bf16 import check_cpu_bf16
-from bench.core.errors import FedbenchError
-from bench.core.lifetime import wait_for_children
-from bench.core.numerics import apply_gpu_math
-from bench.core.ranks import run_scope, set_ranks
-from bench.core.seeding import INIT, derive_seed
-from bench.federation import Federation
-from bench.health import collapse_warnings, idle_option_warnings
-from bench.liveness import (
-    WAIT_FOREVER_MINUTES,
-    barrier,
-    collective_timeout,
-    launch_timeout,
-    nccl_error_handling,
-    run_ranks,
-    waiting_on,
-)
-from bench.partition_plot import plot_partition
-from bench.ports import port_error, prepare_master_port
-from bench.records import (
+from bench.assembly import rank_observer
+from bench.assembly.central import as_one_client
+from bench.assembly.cluster import fabric_layout
+from bench.assembly.config import PRECISION_DTYPES, RunConfig
+from bench.assembly.partition_plot import plot_partition
+from bench.assembly.ports import port_error, prepare_master_port
+from bench.assembly.records import (
     best_test_scores,
     git_commit,
     package_versions,
@@ -46,8 +26,14 @@ from bench.records import (
     summarise,
     write_run_record,
 )
-from bench.run_data import client_splits, partition_plot_path, run_partition, setup_datamodule, to_device
-from bench.run_outputs import (
+from bench.assembly.run_data import (
+    client_splits,
+    partition_plot_path,
+    run_partition,
+    setup_datamodule,
+    to_device,
+)
+from bench.assembly.run_outputs import (
     RunObserver,
     attached_loggers,
     bytes_per_client_round,
@@ -58,10 +44,30 @@ from bench.run_outputs import (
     ranks_cpu_usage,
     run_loggers,
 )
-from bench.run_plan import eval_protocol, plan_rounds
-from bench.speed_options import apply_speed_options, with_channels_last
-from bench.validation import check_method_args, check_outputs, method_signature, validate_config
-from bench.workers import rank_threads, resolve_workers, visible_gpus
+from bench.assembly.run_plan import eval_protocol, plan_rounds
+from bench.assembly.speed_options import apply_speed_options, with_channels_last
+from bench.assembly.validation import check_method_args, check_outputs, method_signature, validate_config
+from bench.assembly.workers import rank_threads, resolve_workers, visible_gpus
+from bench.core import compat
+from bench.core.allocator import apply_allocator_policy
+from bench.core.code_version import code_version
+from bench.core.cpu_bf16 import check_cpu_bf16
+from bench.core.errors import FedbenchError
+from bench.core.lifetime import wait_for_children
+from bench.core.numerics import apply_gpu_math
+from bench.core.ranks import run_scope, set_ranks
+from bench.core.seeding import INIT, derive_seed
+from bench.engine.federation import Federation
+from bench.engine.health import collapse_warnings, idle_option_warnings
+from bench.engine.liveness import (
+    WAIT_FOREVER_MINUTES,
+    barrier,
+    collective_timeout,
+    launch_timeout,
+    nccl_error_handling,
+    run_ranks,
+    waiting_on,
+)
 from datamodules.base import FederatedDataModule
 from lightning_modules.base import METHODS, FederatedModule
 
@@ -74,10 +80,10 @@ def quiet_lightning() -> None:
 
 
 def make_fabric(cfg: RunConfig, loggers: list | None = None) -> Fabric:
-    """Fabric on cfg.devices ranks per node (resolved to an int, bench/workers.py) x cfg.num_nodes nodes.
+    """Fabric on cfg.devices ranks per node (resolved to an int, bench/assembly/workers.py) x cfg.num_nodes nodes.
     Under torchrun or SLURM, Fabric takes the ranks from the launcher's environment
     (TorchElasticEnvironment / SLURMEnvironment; one device per task when each SLURM task sees only
-    its own GPU, bench/cluster.py) and starts no process."""
+    its own GPU, bench/assembly/cluster.py) and starts no process."""
     from lightning.fabric.strategies import DDPStrategy
 
     compat.check()  # a torch or Lightning whose internals fedbench uses have changed: one error, before any rank
@@ -177,7 +183,7 @@ def resolve_run(cfg: RunConfig, fabric: Fabric | None) -> tuple[RunConfig, str]:
 
 def launch(fabric: Fabric) -> Fabric:
     """``fabric.launch()``; rank 0 failing to listen on MASTER_PORT (taken since make_fabric checked it)
-    is one line naming the port (bench/ports.py), not torch's DistNetworkError traceback."""
+    is one line naming the port (bench/assembly/ports.py), not torch's DistNetworkError traceback."""
     try:
         fabric.launch()
     except Exception as err:

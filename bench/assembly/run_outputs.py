@@ -1,6 +1,6 @@
 """What a run reports as it goes: the observer interface (RunObserver; W&B's implements it), each round's
 scalars to the run's loggers and its observer, the CSV and TensorBoard loggers, and the record's facts of how
-the run executed and what CPU time and page faults it cost per rank. Split out of bench/experiment.py."""
+the run executed and what CPU time and page faults it cost per rank. Split out of bench/assembly/experiment.py."""
 from __future__ import annotations
 
 import contextlib
@@ -14,10 +14,10 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, Logger
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.core.allocator import allocator_status
 from bench.core.numerics import gpu_math_settings
-from bench.liveness import waiting_on
+from bench.engine.liveness import waiting_on
 from lightning_modules.base import FederatedModule, needs_loss_scaling
 
 

@@ -13,11 +13,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from bench.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
+from bench.assembly.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
+from bench.assembly.option_types import describe, matches
 from bench.core import compat
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.paths import plain_name
-from bench.option_types import describe, matches
 from datamodules.base import DATASETS, splittable_datasets
 from datamodules.partition import check_per_class_shards
 from datamodules.partitions import PARTITION_SCHEMES
@@ -34,7 +34,7 @@ FILLED_BY_BUILDER = frozenset({"num_classes", "in_channels", "class_names", "dat
                                "optimizer", "lr", "momentum", "weight_decay", "gray_stem"})
 
 
-# ---- types (bench/option_types.py: matches, describe) ------------------------------------------
+# ---- types (bench/assembly/option_types.py: matches, describe) ------------------------------------------
 def check_value(name: str, value: Any, hint: Any) -> None:
     if not matches(value, hint):
         raise FedbenchError(f"{name} must be {describe(hint)}, got {value!r} ({type(value).__name__}).")
@@ -315,7 +315,7 @@ def check_launcher(cfg: RunConfig) -> None:
               "<node 0> --master-port <port> -m bench.cli run ... --devices <devices> --num_nodes <num_nodes> on "
               "every node, or srun under SLURM (docs/scaling.md, 'Several machines')")
     if cfg.devices == "auto":
-        from bench.workers import launcher_ranks_per_node
+        from bench.assembly.workers import launcher_ranks_per_node
 
         if launcher_ranks_per_node() is not None:
             return  # auto takes the launcher's processes per node

@@ -1,6 +1,6 @@
 """The run's data: its datamodule (decoded, with a transfer test set), its partition into clients (with
 the fix when a sample cap leaves too few), each client's training and test indices, the splits on the device,
-and where the partition's plot goes. Split out of bench/experiment.py, which assembles the run from it."""
+and where the partition's plot goes. Split out of bench/assembly/experiment.py, which assembles the run from it."""
 from __future__ import annotations
 
 import copy
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
-from bench.federation import ClientSplit
+from bench.engine.federation import ClientSplit
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.data_home import data_home
 from datamodules.partition import partition

@@ -1,5 +1,5 @@
-"""The validation criteria that pick a reported round, without torch: the orchestrator (bench/federation.py,
-through bench/metrics.py) and the table's round rules (bench/reporting/protocols.py, read by `fedbench coverage`,
+"""The validation criteria that pick a reported round, without torch: the orchestrator (bench/engine/federation.py,
+through bench/engine/metrics.py) and the table's round rules (bench/reporting/protocols.py, read by `fedbench coverage`,
 which imports no torch) use the same ones."""
 from __future__ import annotations
 

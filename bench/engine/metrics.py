@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torchmetrics.functional.classification import multiclass_auroc
 
-from bench.val_scores import VAL_SCORES, metric_sum  # noqa: F401 (the orchestrator's criteria; re-exported)
+from bench.engine.val_scores import VAL_SCORES, metric_sum  # noqa: F401 (the orchestrator's criteria; re-exported)
 
 METRIC_NAMES = ("accuracy", "f1", "balanced_accuracy", "precision", "auc")
 

@@ -12,8 +12,8 @@ import copy
 
 import torch
 
-from bench.config import RunConfig
-from bench.federation import ClientSplit
+from bench.assembly.config import RunConfig
+from bench.engine.federation import ClientSplit
 
 
 def as_one_client(cfg: RunConfig, num_train: int, device) -> tuple[RunConfig, list[ClientSplit]]:

@@ -22,7 +22,7 @@ Results do not depend on the layout: rank invariance is exact for equal thread c
 different thread count changes the last bits of float sums (README, "Rank invariance"). So on a CPU a
 run that trains several clients has one torch thread per rank unless ``threads`` is set, whatever
 its ``devices`` (``rank_threads``): ``--devices 1`` and ``--devices 2`` give the same numbers. A
-thread count other than 1 is part of the run's result identity (bench/config.py, result_config).
+thread count other than 1 is part of the run's result identity (bench/assembly/config.py, result_config).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench.config import RunConfig
+from bench.assembly.config import RunConfig
 
 CPU_LAYOUT = "workers"  # "workers": one 1-thread rank per core; "threads": one rank with every core
 GPU_ACCELERATORS = ("gpu", "cuda", "mps")

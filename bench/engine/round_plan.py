@@ -1,9 +1,9 @@
 """What the round engine reads of a run, resolved once (issue 40, "resolved once").
 
-The round engine (bench/federation.py and bench/checkpoint.py) never sees the RunConfig: the run's assembly
-(bench/run_plan.py) resolves it into these frozen values once, after the evaluation protocol is known, and
+The round engine (bench/engine/federation.py and bench/engine/checkpoint.py) never sees the RunConfig: the run's assembly
+(bench/assembly/run_plan.py) resolves it into these frozen values once, after the evaluation protocol is known, and
 the engine reads them. A central run is planned as the federation of one client that trains it
-(bench/central.py), so its plan already holds that federation's rounds.
+(bench/assembly/central.py), so its plan already holds that federation's rounds.
 """
 from __future__ import annotations
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from bench.code_version import same_code
 from bench.core.atomic_io import atomic_torch_save
+from bench.core.code_version import same_code
 from bench.core.errors import FedbenchError, first_line
-from bench.liveness import barrier, other_rank_error, post_rank_error, waiting_on
-from bench.round_plan import CheckpointPlan
+from bench.engine.liveness import barrier, other_rank_error, post_rank_error, waiting_on
+from bench.engine.round_plan import CheckpointPlan
 
 FORMAT = 2
 KEEP = 2  # complete checkpoints kept: the newest and one to fall back to
