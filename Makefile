@@ -109,15 +109,15 @@ regression-update: install
 	@test -n "$(REASON)" || { echo 'usage: make regression-update REASON="why the numbers moved" [ARGS="--only fedavg"]'; exit 2; }
 	$(OFFLINE) $(BIN)/fedbench regression --update --reason "$(REASON)" $(ARGS)
 
-# Speed on an idle machine, each loop in its own process (bench/reporting/perf.py): local training vs a bare
+# Speed on an idle machine, each loop in its own process (bench/perf/perf.py): local training vs a bare
 # loop with and without allocator churn, speed options, cores as client workers, the per-round case, FACMIC's cache
 bench: install
 	$(OFFLINE) $(BIN)/fedbench bench $(ARGS)
 
 # How soon each command of issue 41's table answers (help, errors, list, coverage <= 1.5 s wall; run and table's
-# first line <= 2 s), median of 3 on a quiet machine; exits 1 over a limit (bench/reporting/perf_startup.py)
+# first line <= 2 s), median of 3 on a quiet machine; exits 1 over a limit (bench/perf/perf_startup.py)
 bench-startup: install
-	$(OFFLINE) $(BIN)/python -m bench.reporting.perf_startup $(ARGS)
+	$(OFFLINE) $(BIN)/python -m bench.perf.perf_startup $(ARGS)
 
 # Rewrite bench/reporting/catalog_data.py (what `fedbench list`/`coverage` read without importing the methods)
 # after a method, dataset or partition scheme changed; tests/test_startup.py says when it is out of date
@@ -132,14 +132,14 @@ bench-round: install
 bench-table2: install
 	$(OFFLINE) $(BIN)/fedbench bench --cases table2 $(ARGS)
 
-# On a machine with a CUDA GPU: what only a GPU can show (bench/reporting/gpu_check.py), pass/fail per item, < 5 min
+# On a machine with a CUDA GPU: what only a GPU can show (bench/perf/gpu_check.py), pass/fail per item, < 5 min
 gpu-check: install
-	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_check $(ARGS)
+	$(OFFLINE) $(BIN)/python -m bench.perf.gpu_check $(ARGS)
 
 # On a machine with a CUDA GPU: table2_kvasir's rows for 3 rounds on synthetic Kvasir images under each math mode,
-# alone and K at once, and the projected wall time of the whole table per setting (bench/reporting/gpu_bench.py)
+# alone and K at once, and the projected wall time of the whole table per setting (bench/perf/gpu_bench.py)
 gpu-bench: install
-	$(OFFLINE) $(BIN)/python -m bench.reporting.gpu_bench $(ARGS)
+	$(OFFLINE) $(BIN)/python -m bench.perf.gpu_bench $(ARGS)
 
 # Delete what runs write and git does not track (run records, checkpoints, W&B files, reduced tables under
 # results/tables/reduced/ and the __reduced-<hash> files older versions wrote beside the tables); keeps

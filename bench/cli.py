@@ -257,7 +257,7 @@ def command_module(command: str):
     elif command == "data":
         from bench.reporting import data_command as module
     elif command == "bench":
-        from bench.reporting import perf as module
+        from bench.perf import perf as module
     else:
         return None
     return module

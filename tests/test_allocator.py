@@ -51,7 +51,7 @@ def test_run_record_says_how_it_executed(tiny_cfg):
 
 def probe(**env: str) -> dict:
     """fedbench's local loop, 60 steps of a width-64 CNN at 28 px, batch 32, 1 thread, synthetic data."""
-    args = ["-m", "bench.reporting.loop_probe", "--loop", "fedbench", "--data", "synthetic", "--backbone",
+    args = ["-m", "bench.perf.loop_probe", "--loop", "fedbench", "--data", "synthetic", "--backbone",
             "simple-cnn-w64", "--samples", "640", "--repeats", "3", "--threads", "1"]
     return json.loads(python(args, OMP_NUM_THREADS="1", **env))
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench.core.allocator import glibc
-from bench.reporting.perf import main
+from bench.perf.perf import main
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

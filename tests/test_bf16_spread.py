@@ -1,7 +1,7 @@
 """Issue 42, item 4: on non-degenerate data bf16-mixed trains as float32 does, within float32's own seed spread.
 
 FedAvg, ResNet-18 at 32 px, 2 iid clients, 3 rounds, on Kvasir-layout images of per-image noise tinted by
-class (bench/reporting/gpu_bench.py's generator: no two images alike), channels_last. Not 16 px: there
+class (bench/perf/gpu_bench.py's generator: no two images alike), channels_last. Not 16 px: there
 layer4.0.conv1 sees a 1x1 input, the shape whose bf16 weight gradient oneDNN computes from uninitialised
 memory on AVX-512 CPUs (this test got NaN weights there at 16 px); such a run is now refused
 (tests/test_bf16_cause.py). Measured 2026-11-28, mean training loss over the 3 rounds:
@@ -21,7 +21,7 @@ import pytest
 
 from bench.assembly.records import load_record, record_path
 from bench.cli import main
-from bench.reporting.gpu_bench import write_kvasir
+from bench.perf.gpu_bench import write_kvasir
 
 pytestmark = pytest.mark.slow
 SIZE = 32  # at 16 px layer4.0.conv1 sees 1x1: refused on the CPU under bf16 (tests/test_bf16_cause.py)

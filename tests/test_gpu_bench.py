@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from bench.reporting.gpu_bench import project, run_cost
+from bench.perf.gpu_bench import project, run_cost
 
 
 def test_a_rows_cost_comes_from_the_rounds_after_the_first_scaled_to_the_full_data():
@@ -33,7 +33,7 @@ def test_a_failed_mode_is_reported_and_the_others_still_measure_and_land_in_the_
     table (exit 1) without losing the other modes'."""
     import json
 
-    from bench.reporting import gpu_bench
+    from bench.perf import gpu_bench
 
     def measure(args, row, mode, k):
         if mode == "fast":

@@ -1,7 +1,7 @@
 """GPU-only paths checked on a CPU-only machine (issue 31): device discipline under fake CUDA tensors,
 float16 loss scaling with CPU autocast, --jobs workers spread over the GPUs and every GPU for `devices: auto`
 (faked GPU counts), the CUDA float32 flags and their record. What needs a real GPU is in
-`make gpu-check` (bench/reporting/gpu_check.py)."""
+`make gpu-check` (bench/perf/gpu_check.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -198,7 +198,7 @@ def test_a_multi_rank_fabric_asks_nccl_to_raise_on_timeout(monkeypatch, tiny_cfg
 def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
     """`make gpu-check`'s items run on the CPU (`--device cpu`): each judged one passes and names what
     it measured; without a CUDA device the default run says there is nothing to check."""
-    from bench.reporting.gpu_check import main
+    from bench.perf.gpu_check import main
 
     assert main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -218,7 +218,7 @@ def test_gpu_check_dry_run_passes_every_item_on_the_cpu(capsys):
 def test_gpu_check_shape_items_fail_when_their_property_breaks(monkeypatch):
     """Items 8 and 10 judge: a training that differs between two identical calls fails item 8, a bf16
     training with non-finite weights or a loss 10 % off fails item 10."""
-    from bench.reporting import gpu_check_shape as shape
+    from bench.perf import gpu_check_shape as shape
 
     calls = {"n": 0}
 
@@ -242,12 +242,12 @@ def test_gpu_check_shape_items_fail_when_their_property_breaks(monkeypatch):
 
 
 def test_gpu_bench_cpu_mode_measures_and_projects_the_kvasir_table(capsys):
-    """`python -m bench.reporting.gpu_bench --device cpu --tiny`: table2_kvasir's FedAvg row on synthetic
+    """`python -m bench.perf.gpu_bench --device cpu --tiny`: table2_kvasir's FedAvg row on synthetic
     Kvasir-layout images, alone and 2 at once; the projection is 111 runs at FedAvg's measured cost, divided
     by the measured speedup (issue 42, item 6)."""
     import re
 
-    from bench.reporting.gpu_bench import main
+    from bench.perf.gpu_bench import main
 
     assert main(["--device", "cpu", "--tiny", "--modes", "strict", "--jobs", "1,2"]) == 0
     out = capsys.readouterr().out
@@ -264,7 +264,7 @@ def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypat
     """Item 12 judges the resume itself: a run that ignores its checkpoint (and trains from round 0 to the
     same numbers) fails it."""
     from bench.engine.checkpoint import Checkpointer
-    from bench.reporting.gpu_check import check_resume
+    from bench.perf.gpu_check import check_resume
 
     monkeypatch.setattr(Checkpointer, "load_latest", lambda self, *a, **k: None)
     ok, detail = check_resume(str(tmp_path), "cpu")
@@ -274,7 +274,7 @@ def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypat
 def test_gpu_check_jobs_item_fails_when_the_jobs_records_differ(tmp_path, monkeypatch):
     """Item 13 compares the --jobs workers' records with one process's: runs in this process at a 1 % higher
     learning rate (the workers keep theirs) fail it."""
-    from bench.reporting import gpu_check
+    from bench.perf import gpu_check
 
     original = gpu_check.run
 
@@ -289,7 +289,7 @@ def test_gpu_check_jobs_item_fails_when_the_jobs_records_differ(tmp_path, monkey
 
 # ---- item 13: make bench measures the machine at hand ------------------------------------------
 def test_loop_probe_measures_the_gpu_when_there_is_one(monkeypatch):
-    from bench.reporting.loop_probe import probe_device
+    from bench.perf.loop_probe import probe_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert probe_device("auto") == "cpu" and probe_device("cpu") == "cpu"

@@ -236,7 +236,7 @@ def loop_ops_per_step(loop: str, backbone: str) -> collections.Counter:
     """Aten ops of one step of loop_probe's fedbench or bare loop (epochs of 3 and 2 batches of 32, differenced)."""
     from lightning.fabric import Fabric
 
-    from bench.reporting import loop_probe
+    from bench.perf import loop_probe
     from lightning_modules.base import FederatedModule
 
     counts = []

@@ -2,7 +2,8 @@
 bench, datamodules and lightning_modules goes to its own layer or one below it, so no package
 imports one that imports it back. Inside bench/ the folders are the layers: bench.core at the bottom, then
 (above datamodules and lightning_modules) the round engine (bench.engine), run assembly (bench.assembly),
-reporting (bench.reporting) and the CLI (bench/cli.py) on top; no other module lives loose in bench/."""
+reporting (bench.reporting), the performance tools (bench.perf) and the CLI (bench/cli.py) on top; no other
+module lives loose in bench/."""
 from __future__ import annotations
 
 from conftest import REPO
@@ -11,7 +12,7 @@ from bench.core.code_version import imported_modules, module_name, module_path
 
 # bottom to top: a module may import its own layer and the ones before it
 LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench.engine", "bench.assembly", "bench.reporting",
-          "bench.cli")
+          "bench.perf", "bench.cli")
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 
 
@@ -69,6 +70,7 @@ def test_the_check_sees_function_level_imports_and_upward_edges():
     assert violations({"bench.core.batches": {"datamodules.augment"}}) != []
     assert violations({"bench.engine.federation": {"bench.assembly.config"}}) != []  # the engine under assembly
     assert violations({"bench.assembly.experiment": {"bench.engine.federation"}}) == []
+    assert violations({"bench.reporting.table_runner": {"bench.perf.gpu_check"}}) != []  # tools measure, never serve
     assert violations({"bench.helpers": set()}) == [
         "bench.helpers is in no layer: move it into one of bench's layer packages"]
 

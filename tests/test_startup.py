@@ -3,7 +3,7 @@ stack; `run` and `table` say what they are about to do before importing it; the 
 real classes; a normal exit skips the interpreter's final garbage collection yet keeps what it wrote.
 
 Load-independent checks only: which modules a command imported (``sys.modules``, in a subprocess), the order
-of a line and an import, and CPU-time ratios (bench/reporting/perf_startup.py). The wall-clock limits of the
+of a line and an import, and CPU-time ratios (bench/perf/perf_startup.py). The wall-clock limits of the
 issue's table are `make bench-startup`'s, on a quiet machine."""
 from __future__ import annotations
 
@@ -203,9 +203,9 @@ def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(
 
 
 def test_startup_cpu_is_a_fraction_of_importing_torch():
-    """bench/reporting/perf_startup.py's cheap mode: each command's CPU time (user+sys) against one
+    """bench/perf/perf_startup.py's cheap mode: each command's CPU time (user+sys) against one
     `import torch` in the same conditions; over its ratio, the command exits 1."""
-    proc = subprocess.run([sys.executable, "-m", "bench.reporting.perf_startup", "--cheap", "--json"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "bench.perf.perf_startup", "--cheap", "--json"], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=900,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -11,7 +11,7 @@ page faults per step, paid in kernel time. Setting both thresholds once at start
 - ``M_TRIM_THRESHOLD`` = 2 GiB - 1 (the largest value ``mallopt`` takes): a freed top of heap is kept.
 
 How the thresholds were chosen (fedbench's local loop, ResNet-18, 28 px, batch 32, one thread, minor
-page faults per step after a warm-up epoch; bench/reporting/loop_probe.py; glibc 2.36):
+page faults per step after a warm-up epoch; bench/perf/loop_probe.py; glibc 2.36):
 
     mmap / trim threshold         faults per step   system / user time
     glibc's defaults (adaptive)   3,127-5,790       4.6-7.6%

@@ -11,8 +11,8 @@ the projected wall time of the whole table for each setting:
                     + eval seconds), from the rounds after the first (the first pays for warm-up)
     speedup(K)    = aggregate steps/s of K runs at once / steps/s of one run alone (same row, same mode)
 
-    python -m bench.reporting.gpu_bench                          # on the GPU: rows FedAvg, modes strict,tf32, K 1,4
-    python -m bench.reporting.gpu_bench --device cpu --tiny      # the CPU mode the tests run (seconds)
+    python -m bench.perf.gpu_bench                          # on the GPU: rows FedAvg, modes strict,tf32, K 1,4
+    python -m bench.perf.gpu_bench --device cpu --tiny      # the CPU mode the tests run (seconds)
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def one_run(args) -> None:
 def measure(args, row: str, mode: str, k: int) -> list[dict]:
     """K child runs of ``row`` at once (each ``cores // K`` threads); their JSON results."""
     threads = max(1, (os.cpu_count() or 1) // k)
-    cmd = [sys.executable, "-m", "bench.reporting.gpu_bench", "--one-run", "--row", row, "--mode", mode,
+    cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--row", row, "--mode", mode,
            "--root", args.root, "--size", str(args.size), "--rounds", str(args.rounds), "--device", args.device,
            "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
                ["--tiny"] if args.tiny else [])
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-bench: no CUDA device visible; `python -m bench.reporting.gpu_bench --device cpu --tiny` is the dry run.")
+        print("gpu-bench: no CUDA device visible; `python -m bench.perf.gpu_bench --device cpu --tiny` is the dry run.")
         return 0
     if args.tiny:
         args.size, args.per_class, args.rounds, args.max_test = 16, 30, 2, 40

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
-from bench.reporting.perf_env import clean_env
+from bench.perf.perf_env import clean_env
 
 # per-round seconds of the peer suites on the 2-core machine, and the goal as a fraction of them
 PEER_ROUND_SECONDS = {"FL-bench": 65.24, "PFLlib": 86.31}

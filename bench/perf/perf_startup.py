@@ -14,7 +14,7 @@ their first line within 2 s. A quiet machine is assumed for these: on a busy one
 errors, list: at most 0.5 of importing torch; coverage, which plans every table: at most 1.0); the commands that
 start a run or a table are left out.
 
-    python -m bench.reporting.perf_startup [--repeats 3] [--cheap] [--json]
+    python -m bench.perf.perf_startup [--repeats 3] [--cheap] [--json]
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def show(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reporting.perf_startup", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.perf.perf_startup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cheap", action="store_true", help="import-free commands once, CPU ratios only")
     parser.add_argument("--json", action="store_true")

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
-from bench.reporting.perf_env import clean_env
+from bench.perf.perf_env import clean_env
 
 TABLE2 = "configs/tables/table2_fashion-mnist.yaml"
 COMMITTED = "results/tables/table2_fashion-mnist.md"

@@ -1,7 +1,7 @@
 """`make gpu-check`: what only a real GPU can show (issue 31), in a few minutes, pass/fail per item.
 
-    python -m bench.reporting.gpu_check            # on the CUDA device(s) at hand
-    python -m bench.reporting.gpu_check --device cpu   # the same checks on the CPU (what the test suite runs)
+    python -m bench.perf.gpu_check            # on the CUDA device(s) at hand
+    python -m bench.perf.gpu_check --device cpu   # the same checks on the CPU (what the test suite runs)
 
 Checks 1-6, 12 and 13 run on sklearn's digits (offline) with the small CNN:
 1. per-client round: FedRep (a per-client protocol) runs two rounds on the device (round 0 used to
@@ -13,7 +13,7 @@ Checks 1-6, 12 and 13 run on sklearn's digits (offline) with the small CNN:
 5. devices auto: one rank per visible GPU (up to the clients per round);
 6. host syncs: one FedAvg round's local steps under ``torch.cuda.set_sync_debug_mode("warn")`` -
    reported (count of sync warnings), not judged.
-Checks at the table's shape (ResNet-18 with BatchNorm, 128 px, batch 8; bench/reporting/gpu_check_shape.py,
+Checks at the table's shape (ResNet-18 with BatchNorm, 128 px, batch 8; bench/perf/gpu_check_shape.py,
 issue 42; `--size/--steps/--bf16-steps` shrink them, as the CPU dry run does by default):
 7. conv and matmul math under each gpu_math mode against float64 (strict judged);
 8. bitwise-equal weights for two identical trainings under strict and tf32;
@@ -42,7 +42,7 @@ import torch
 
 from bench.assembly.config import RunConfig
 from bench.core.numerics import apply_gpu_math
-from bench.reporting.gpu_check_shape import max_difference
+from bench.perf.gpu_check_shape import max_difference
 
 
 def tiny_config(root: str, method: str, accelerator: str, **overrides) -> RunConfig:
@@ -205,8 +205,8 @@ def check_host_syncs(root: str, accelerator: str, device: torch.device) -> tuple
 
 
 def shape_checks(device: torch.device, args) -> list[tuple[str, Callable[[], tuple[bool | None, str]]]]:
-    """Items 7-11 (bench/reporting/gpu_check_shape.py) at the table's shape on a GPU, smaller on the CPU."""
-    from bench.reporting import gpu_check_shape as shape
+    """Items 7-11 (bench/perf/gpu_check_shape.py) at the table's shape on a GPU, smaller on the CPU."""
+    from bench.perf import gpu_check_shape as shape
 
     gpu = device.type == "cuda"
     size = args.size or (128 if gpu else 32)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False): nothing to check here. "
-              "Run it on a GPU machine, or `python -m bench.reporting.gpu_check --device cpu` for a dry run.")
+              "Run it on a GPU machine, or `python -m bench.perf.gpu_check --device cpu` for a dry run.")
         return 0
     device = torch.device(args.device)
     accelerator = "cuda" if args.device == "cuda" else "cpu"

@@ -4,8 +4,8 @@ and major page faults (getrusage of the whole process over the timed epochs only
 ``make bench`` starts one process per variant, so that the allocator policy of one cannot leak into
 another (bench/core/allocator.py sets it per process):
 
-    python -m bench.reporting.loop_probe --loop fedbench --backbone resnet18 --samples 2048
-    FEDBENCH_ALLOCATOR=system python -m bench.reporting.loop_probe --loop bare ...   # with glibc's churn
+    python -m bench.perf.loop_probe --loop fedbench --backbone resnet18 --samples 2048
+    FEDBENCH_ALLOCATOR=system python -m bench.perf.loop_probe --loop bare ...   # with glibc's churn
 
 ``--loop fedbench`` is a client's local training as fedbench runs it (uint8 images sliced per batch,
 scaled, normalised, derived shuffling, ``run_epochs`` with the method's loss check); ``--loop bare``
@@ -135,7 +135,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.reporting.loop_probe", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.perf.loop_probe", description=__doc__)
     p.add_argument("--loop", choices=["fedbench", "bare"], required=True)
     p.add_argument("--backbone", default="resnet18")
     p.add_argument("--data", choices=["fashion-mnist", "synthetic"], default="fashion-mnist")

@@ -1,6 +1,6 @@
 """`make bench` (`fedbench bench`): where a round's time goes, measured so that a user can trust it.
 
-Every loop runs in its own process (bench/reporting/loop_probe.py), because the C allocator's policy
+Every loop runs in its own process (bench/perf/loop_probe.py), because the C allocator's policy
 is per process (bench/core/allocator.py) and a reference that shares fedbench's process shares its
 allocator behaviour too. Cases (``--cases``, default all):
 
@@ -11,10 +11,10 @@ allocator behaviour too. Cases (``--cases``, default all):
 - ``options``: the speed-up of channels_last, bf16-mixed and torch.compile on fedbench's loop.
 - ``workers``: one process with all cores' threads against one 1-thread process per core training at
   once (the default layout of ``fedbench run`` on a multi-core CPU, bench/assembly/workers.py).
-- ``round``: the per-round case of issue 19 (bench/reporting/perf_round.py), also ``make bench-round``.
-- ``clip``: FACMIC's feature-cache speed-up (bench/reporting/perf_clip.py).
+- ``round``: the per-round case of issue 19 (bench/perf/perf_round.py), also ``make bench-round``.
+- ``clip``: FACMIC's feature-cache speed-up (bench/perf/perf_clip.py).
 - ``table2`` (not in the default set): the offline table2 with its 2 ranks vs ``--jobs 2``
-  (bench/reporting/perf_table.py), also ``make bench-table2``.
+  (bench/perf/perf_table.py), also ``make bench-table2``.
 
 Results go to results/bench/perf.json (sections not run keep their previous values).
 """
@@ -33,8 +33,8 @@ from bench.core.allocator import OPT_OUT_ENV
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
+from bench.perf.perf_env import clean_env
 from bench.reporting.flags import CommandParser
-from bench.reporting.perf_env import clean_env
 
 CASES = ("loops", "options", "workers", "round", "clip", "table2")
 DEFAULT_CASES = CASES[:-1]  # table2 (two full offline tables, ~25 min) runs on request: make bench-table2
@@ -52,7 +52,7 @@ GOAL_RATIO, GOAL_SYSTEM_SHARE = 1.0, 0.05  # issue 19: >= 1.0x the churn-free ba
 
 
 def probe_cmd(loop: str, common: list[str], extra: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "bench.reporting.loop_probe", "--loop", loop, *common, *(extra or [])]
+    return [sys.executable, "-m", "bench.perf.loop_probe", "--loop", loop, *common, *(extra or [])]
 
 
 def finish(proc: subprocess.Popen, what: str) -> dict[str, Any]:
@@ -205,17 +205,17 @@ def main(argv: list[str]) -> int:
         report["workers"] = workers_case(args)
         print_workers(report["workers"])
     if "round" in cases:
-        from bench.reporting.perf_round import print_round, round_case
+        from bench.perf.perf_round import print_round, round_case
 
         report["round"] = round_case(args.round_rounds, args.round_samples, args.cache_dir)
         print_round(report["round"])
     if "clip" in cases:
-        from bench.reporting.perf_clip import facmic_cache_speedup
+        from bench.perf.perf_clip import facmic_cache_speedup
 
         report["facmic_cache"] = facmic_cache_speedup()
         print(f"FACMIC per-round time with the feature cache vs re-encoding: {report['facmic_cache']}")
     if "table2" in cases:
-        from bench.reporting.perf_table import print_table2, table2_case
+        from bench.perf.perf_table import print_table2, table2_case
 
         report["table2"] = table2_case(args.jobs)
         print_table2(report["table2"])
