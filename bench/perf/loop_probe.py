@@ -116,13 +116,14 @@ def measure(args: argparse.Namespace) -> dict:
         data = with_channels_last(data, args.channels_last)
         epoch = lambda seed: fedbench_epoch(module, data, args.batch_size, seed, autocast)
     epoch(99)  # warm-up: kernels chosen, allocator caches filled
-    before, rates, steps = rusage(), [], 0
+    before, rates, steps, epoch_faults = rusage(), [], 0, []
     for rep in range(args.repeats):
-        t = time.perf_counter()
+        t, start = time.perf_counter(), rusage()["minor_faults"]
         n = epoch(rep)
         if device == "cuda":
             torch.cuda.synchronize()  # the epoch's kernels have run, not only been queued
         rates.append(n / (time.perf_counter() - t))
+        epoch_faults.append((rusage()["minor_faults"] - start) / max(1, n // args.batch_size))
         steps += n // args.batch_size
     after = rusage()
     used = {k: after[k] - before[k] for k in before}
@@ -131,6 +132,8 @@ def measure(args: argparse.Namespace) -> dict:
             "batch_size": args.batch_size, "steps": steps, "samples_per_s": rates,
             "median_samples_per_s": statistics.median(rates), **used,
             "minor_faults_per_step": used["minor_faults"] / steps,
+            # per epoch: a loop that churns faults in every epoch; another process's burst lands in one
+            "minor_faults_per_step_by_epoch": epoch_faults,
             "system_over_user": used["system_s"] / max(used["user_s"], 1e-9), "allocator": allocator_status()}
 
 
