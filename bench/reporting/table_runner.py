@@ -120,7 +120,7 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
                                         "fed.client_test site.")
                 cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
                 runs.append(PlannedRun(row["label"], column.beta, axis, cfg, cols, row, fold=fold))
-    runs += derived_runs(spec, runs, experiment)
+    runs += derived_runs(spec, runs)
     for label in dict.fromkeys(r.label for r in runs):
         covered = {c for r in runs if r.label == label for c in r.columns}
         missing = [c for c in ran if c.id not in covered]
@@ -170,7 +170,7 @@ def record_suffix(row: dict, where: str) -> str:
     return f"-{tag}"
 
 
-def derived_runs(spec: TableSpec, runs: list[PlannedRun], experiment: str) -> list[PlannedRun]:
+def derived_runs(spec: TableSpec, runs: list[PlannedRun]) -> list[PlannedRun]:
     """The runs behind ``average_of`` rows: their first source row's (so they run nothing new and are
     measured as it is); the averaging happens when the table is rendered (tables.collect)."""
     out = []
@@ -178,7 +178,7 @@ def derived_runs(spec: TableSpec, runs: list[PlannedRun], experiment: str) -> li
     for row in spec.rows:
         if "average_of" not in row:
             continue
-        where = f"Table {experiment}, row {row['label']!r}"
+        where = f"Table {spec.name}, row {row['label']!r}"
         extra = set(row) - DERIVED_ROW_KEYS
         if extra:
             raise FedbenchError(f"{where}: a derived row (average_of) runs nothing, so it takes no {sorted(extra)}; "

@@ -17,7 +17,7 @@ from bench.assembly.config import OPTION_GROUPS
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name, shipped
 from bench.reporting.flags import config_kind
-from bench.reporting.spec import RUN_KEYS, check_overrides, load_spec, plain_copy
+from bench.reporting.spec import RUN_KEYS, check_keys, check_overrides, load_spec, plain_copy
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",
@@ -87,9 +87,7 @@ class TableSpec:
         checked, one FedbenchError naming the first that is wrong."""
         if not isinstance(raw, dict):
             raise FedbenchError(f"{where}: a table config is a mapping of keys ({sorted(TABLE_KEYS)}).")
-        unknown = sorted(set(raw) - TABLE_KEYS)
-        if unknown:
-            raise FedbenchError(f"{where} has unknown key(s) {unknown}; allowed: {sorted(TABLE_KEYS)}.")
+        check_keys(raw, TABLE_KEYS, where)
         for key in ("table", "dataset"):  # <table>_<dataset> names the table's files and its runs' record folder
             plain_name(raw.get(key), f"{where}: {key}", "the tables and records folders")
         base = raw.get("base") or {}
