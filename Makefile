@@ -119,10 +119,10 @@ bench: install
 bench-startup: install
 	$(OFFLINE) $(BIN)/python -m bench.perf.perf_startup $(ARGS)
 
-# Rewrite bench/reporting/catalog_data.py (what `fedbench list`/`coverage` read without importing the methods)
+# Rewrite bench/tables/catalog_data.py (what `fedbench list`/`coverage` read without importing the methods)
 # after a method, dataset or partition scheme changed; tests/test_startup.py says when it is out of date
 catalog: install
-	$(OFFLINE) $(BIN)/python -m bench.reporting.catalog --write
+	$(OFFLINE) $(BIN)/python -m bench.tables.catalog --write
 
 # The per-round case alone (issue 19's workload: full Fashion-MNIST, ResNet-18, 3 rounds; several minutes)
 bench-round: install

@@ -13,7 +13,7 @@ or time the hot loop.
     fedbench data get kvasir [--data-home /data]    # download, check and unpack a public dataset (docs/data.md)
     fedbench bench
 
-Every command follows jsonargparse's conventions (bench/reporting/flags.py): --print_config prints its
+Every command follows jsonargparse's conventions (bench/tables/flags.py): --print_config prints its
 options, a boolean flag is {true,false} (bare: true), a list is [a,b] (also a,b, a b, the flag repeated or
 --flag+ c), either spelling of a flag works (--output-dir or --output_dir), an error is one "fedbench: error:"
 line, and --help lists the flags (fedbench run --help).
@@ -42,7 +42,7 @@ from bench.core.allocator import apply_allocator_policy
 from bench.core.compat import skip_torchmetrics_extras
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
-from bench.reporting.flags import CommandParser, config_kind
+from bench.tables.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 HELP = {
@@ -55,7 +55,7 @@ HELP = {
 
 
 class RunParser(CommandParser):
-    """jsonargparse, with fedbench's conventions (bench/reporting/flags.py); its ``--print_config`` is
+    """jsonargparse, with fedbench's conventions (bench/tables/flags.py); its ``--print_config`` is
     jsonargparse's own (the run's whole config, which ``--config`` reads back)."""
 
     def __init__(self, **kwargs) -> None:
@@ -85,14 +85,14 @@ def run_parser() -> ArgumentParser:
     return parser
 
 
-# options whose value is a registered name -> the catalog's entries of that registry (bench/reporting/catalog.py)
+# options whose value is a registered name -> the catalog's entries of that registry (bench/tables/catalog.py)
 REGISTRY_OPTIONS = {"--method.name": "methods", "--data.name": "datasets", "--partition.scheme": "schemes"}
 
 
 def show_choices(parser: ArgumentParser) -> None:
     """``--help`` of --method.name, --data.name and --partition.scheme lists the registered names (from the
     catalog, as `fedbench list` does: no import of torch; a typo is refused with the closest name later)."""
-    from bench.reporting.catalog import load
+    from bench.tables.catalog import load
 
     entries = load()
     for flag, key in REGISTRY_OPTIONS.items():
@@ -198,7 +198,7 @@ def run_one(argv: list[str]) -> int:
     """`fedbench run`: parse and check the names (no torch yet: a typo is answered at once), say what runs,
     then import the training stack and run."""
     from bench.assembly.records import best_test_scores, find_record
-    from bench.reporting.catalog import check_names
+    from bench.tables.catalog import check_names
 
     cfg = parse_run(argv)
     check_names(cfg.method.name, [d for d in (cfg.data.name, cfg.data.test_dataset) if d], cfg.partition.scheme)
@@ -208,7 +208,7 @@ def run_one(argv: list[str]) -> int:
         print(f"fedbench run: {cfg.run_name()} ({rounds}, {cfg.partition.num_clients} clients, devices {cfg.devices}); "
               f"record under {cfg.output_dir}", flush=True)
     from bench.assembly.experiment import run_experiment
-    from bench.reporting.wandb_logger import wandb_observer
+    from bench.tracking.wandb_logger import wandb_observer
 
     record = run_experiment(cfg, observer=wandb_observer(cfg))
     from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -245,17 +245,17 @@ def command_module(command: str):
     """The module of a command other than ``run``: its ``main(argv)`` and ``build_parser()`` (None: no such
     command)."""
     if command == "list":
-        from bench.reporting import listing as module
+        from bench.commands import listing as module
     elif command == "table":
-        from bench.reporting import table_runner as module
+        from bench.scheduling import table_runner as module
     elif command == "regression":
-        from bench.reporting import regression as module
+        from bench.commands import regression as module
     elif command == "coverage":
-        from bench.reporting import coverage as module
+        from bench.commands import coverage as module
     elif command == "dashboard":
-        from bench.reporting import dashboard as module
+        from bench.commands import dashboard as module
     elif command == "data":
-        from bench.reporting import data_command as module
+        from bench.commands import data_command as module
     elif command == "bench":
         from bench.perf import perf as module
     else:

@@ -43,7 +43,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from official_layouts import build_data_home
 
-from bench.reporting.table_runner import load_table_config, plan_runs
+from bench.scheduling.table_runner import load_table_config, plan_runs
 
 ROUNDS = 2
 IMAGE_SIZE = 16

@@ -58,7 +58,7 @@ def test_a_bad_table_yaml_names_file_line_and_column(tmp_path, capsys, text, whe
 
 
 def test_read_yaml_errors_are_fedbench_errors(tmp_path):
-    from bench.reporting.spec import read_yaml
+    from bench.tables.spec import read_yaml
 
     path = tmp_path / "x.yaml"
     path.write_text("a: [1\n")

@@ -20,11 +20,11 @@ from conftest import REPO
 from bench.cli import COMMANDS, REGISTRY_OPTIONS, command_module, main, run_parser
 from bench.core.atomic_io import write_json
 from bench.core.code_version import code_version
-from bench.reporting.catalog import load
-from bench.reporting.flags import hint_of
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_runner import check_plan, load_table_config, plan_runs
-from bench.reporting.table_spec import TableSpec
+from bench.scheduling.table_runner import check_plan, load_table_config, plan_runs
+from bench.tables.catalog import load
+from bench.tables.flags import hint_of
+from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_spec import TableSpec
 from datamodules.base import DATASETS
 from datamodules.partitions import PARTITION_SCHEMES
 from lightning_modules.base import METHODS
@@ -228,14 +228,14 @@ def fedprox_version(tmp_path: Path) -> str:
 def refuse_to_run(monkeypatch) -> None:
     import bench.assembly.experiment
     import bench.assembly.run_data
-    import bench.reporting.table_runner
     import bench.reporting.tables
+    import bench.scheduling.table_runner
 
     def started(*_, **__):
         raise AssertionError("a dry run started something")
 
     for module, name in ((bench.assembly.experiment, "run_experiment"), (bench.assembly.experiment, "launch"),
-                         (bench.assembly.run_data, "setup_datamodule"), (bench.reporting.table_runner, "execute"),
+                         (bench.assembly.run_data, "setup_datamodule"), (bench.scheduling.table_runner, "execute"),
                          (bench.reporting.tables, "render_table")):
         monkeypatch.setattr(module, name, started)
 

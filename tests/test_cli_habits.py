@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO
 
 from bench.cli import COMMANDS, command_module, main, parse_run, run_parser
-from bench.reporting.flags import respell, spellings
-from bench.reporting.table_runner import load_table_config
+from bench.scheduling.table_runner import load_table_config
+from bench.tables.flags import respell, spellings
 from datamodules.base import DATASETS
 from datamodules.data_home import DATA_HOME_ENV
 from datamodules.partition import SCHEMES

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-from bench.reporting.coverage import coverage
+from bench.commands.coverage import coverage
 
 CONFIGS = ["facmic_table2.yaml", "facmic_table45.yaml", "fstcbdg_cifar10.yaml", "fstcbdg_cifar100.yaml",
            "fstcbdg_cinic10.yaml"]

@@ -65,7 +65,8 @@ def test_the_engine_is_the_round_core_without_the_registered_modules(pristine):
     assert {"bench/assembly/experiment.py", "bench/engine/federation.py", "bench/engine/aggregation.py", "bench/assembly/records.py",
             "bench/core/seeding.py", "lightning_modules/base.py", "datamodules/base.py",
             "datamodules/partition.py"} <= engine
-    assert not any(f.startswith("bench/reporting/") for f in engine)
+    assert not any(f.startswith(f"bench/{pkg}/") for f in engine
+                   for pkg in ("tables", "reporting", "tracking", "scheduling", "commands", "perf"))
     assert not {"bench/cli.py", "bench/core/code_version.py", "lightning_modules/fedrs.py", "lightning_modules/fedavg.py",
                 "datamodules/digits.py", "datamodules/partitions/dirichlet.py"} & engine
     fedbabu_npr = closure([t.registered["method"]["fedbabu-npr"]], t.graph, pristine) - t.engine_files

@@ -15,15 +15,15 @@ import yaml
 from conftest import REPO
 
 from bench.assembly.records import record_path
+from bench.commands.coverage import coverage, format_report
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.reporting.columns import beta_column, parse_column, table_columns
-from bench.reporting.coverage import coverage, format_report
 from bench.reporting.paper_numbers import load_paper_numbers
-from bench.reporting.protocols import RowProtocol, metric_at, protocol_difference, select_round
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.columns import beta_column, parse_column, table_columns
+from bench.tables.protocols import RowProtocol, metric_at, protocol_difference, select_round
+from bench.tables.table_spec import TableSpec
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -206,7 +206,7 @@ def test_betas_are_sugar_for_dirichlet_columns():
 
 
 def test_identical_rows_share_one_run_and_rows_that_differ_get_their_own():
-    from bench.reporting.table_runner import distinct_runs
+    from bench.scheduling.table_runner import distinct_runs
 
     rows = [{"label": "FedBM (VI)", "method": {"name": "fedavg"}}, {"label": "FedBM (IX)", "method": {"name": "fedavg"}}]
     runs = plan_runs(table({"table": "t", "dataset": "digits", "betas": [0.1], "seeds": [0, 1], "rows": rows}))
@@ -278,9 +278,9 @@ def test_round_and_model_facets():
 def test_paper_configs_give_per_client_rows_no_global_number():
     """In every shipped config, a per-client or client-mean row never prints a number of a paper that
     scored a global model, and a global row never prints a per-client one."""
-    from bench.reporting.columns import table_columns
     from bench.reporting.paper_compare import match_table, row_protocols
-    from bench.reporting.table_runner import load_table_config
+    from bench.scheduling.table_runner import load_table_config
+    from bench.tables.columns import table_columns
 
     checked = 0
     for path in sorted((REPO / "configs" / "tables").glob("*.yaml")):

@@ -6,8 +6,8 @@ from test_tables import SPEC, fake_record
 
 from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
-from bench.reporting.table_runner import plan_runs
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
 
 
 def record_figures(monkeypatch) -> list:
@@ -97,7 +97,7 @@ def test_panels_fit_the_figure_without_overlapping(tmp_path, monkeypatch):
     from itertools import combinations
 
     from bench.reporting.plots import plot_curves
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
     for nrows in (45, 12, 1):
         figures = record_figures(monkeypatch)

@@ -12,8 +12,8 @@ import yaml
 from conftest import REPO
 
 from bench.cli import main
-from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
-from bench.reporting.wandb_logger import partition_key
+from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
+from bench.tracking.wandb_logger import partition_key
 
 CONFIG = REPO / "configs" / "tables" / "table2_fashion-mnist.yaml"
 SECTIONS = ["test/accuracy", "test/f1", "training", "communication", "time", "results"]

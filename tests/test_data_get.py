@@ -30,9 +30,9 @@ from official_layouts import (
 from tqdm import tqdm
 
 from bench.cli import main
-from bench.reporting.data_command import availability, table_datasets
-from bench.reporting.data_sources import SOURCES
-from bench.reporting.download import DOWNLOADS, TOFU_FILE, UNPACK_PREFIX
+from bench.commands.data_command import availability, table_datasets
+from bench.commands.data_sources import SOURCES
+from bench.commands.download import DOWNLOADS, TOFU_FILE, UNPACK_PREFIX
 from datamodules.base import DATASETS
 from datamodules.data_home import locate
 
@@ -409,8 +409,8 @@ def test_the_data_sources_are_not_part_of_the_records_code_version():
                                            for names in tree.registered.values() for path in names.values()))
     hashed = {p.relative_to(REPO).as_posix() for p in files}
     assert "datamodules/kvasir.py" in hashed
-    assert not {"bench/reporting/download.py", "bench/reporting/data_sources.py",
-                "bench/reporting/data_command.py"} & hashed
+    assert not {"bench/commands/download.py", "bench/commands/data_sources.py",
+                "bench/commands/data_command.py"} & hashed
 
 
 def test_data_get_for_a_present_dataset_imports_no_training_stack(tmp_path):
@@ -420,7 +420,7 @@ def test_data_get_for_a_present_dataset_imports_no_training_stack(tmp_path):
     import sys
 
     (tmp_path / "kvasir-dataset-v2").mkdir()
-    code = ("import sys; from pathlib import Path; from bench.reporting.data_command import present_at; "
+    code = ("import sys; from pathlib import Path; from bench.commands.data_command import present_at; "
             f"print(present_at('kvasir', Path({str(tmp_path)!r})), 'torch' in sys.modules, 'lightning' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()

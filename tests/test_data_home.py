@@ -99,7 +99,7 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
     md = (tmp_path / "tables" / tables[0]).read_text()
     assert md.splitlines()[0].endswith("REDUCED RUN, not the config's budget")
     assert "- --set fed.rounds=1" in md and "- seeds [0] of the config's [0, 1, 2]" in md
-    from bench.reporting.table_runner import load_table_config
+    from bench.scheduling.table_runner import load_table_config
 
     labels = dict.fromkeys(r["label"] for r in load_table_config(str(KVASIR)).rows)
     assert f"- 2 of the config's {len(labels)} rows: FedAvg, FedBM" in md and len(labels) > 2
@@ -111,7 +111,7 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
 
 
 def test_table_configs_leave_the_root_to_the_data_home():
-    from bench.reporting.table_runner import load_table_config
+    from bench.scheduling.table_runner import load_table_config
 
     for path in sorted(Path(REPO / "configs" / "tables").glob("*.yaml")):
         spec = load_table_config(str(path))

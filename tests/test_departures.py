@@ -18,9 +18,9 @@ from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.reporting.departures import DOC_FILE, doc_ids, load_departures
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.table_spec import TableSpec
 from lightning_modules.base import METHODS
 
 FEDBM_OWN = "FBM-26 FBM-27 FBM-28 FBM-29 FBM-30 FBM-31 FBM-32 FBM-33"  # its logits, generator and AUC
@@ -139,7 +139,7 @@ def test_the_csv_and_json_hold_each_cells_ids(rendered):
 
 
 def test_the_wandb_table_has_the_departures_column(rendered, tmp_path, monkeypatch):
-    from bench.reporting.wandb_logger import log_table
+    from bench.tracking.wandb_logger import log_table
 
     _, paths = rendered
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -175,7 +175,7 @@ def committed_marks(config: str) -> dict[str, set[str]]:
     """row label -> the ids its rows carry, for a committed table config (no records needed)."""
     from bench.reporting.departures import table_departures
     from bench.reporting.paper_compare import row_protocols
-    from bench.reporting.table_runner import load_table_config
+    from bench.scheduling.table_runner import load_table_config
 
     spec = load_table_config(str(REPO / "configs" / "tables" / config))
     runs = plan_runs(spec, "/nonexistent/runs", check_records=False)

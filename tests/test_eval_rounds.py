@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import run_in_process
 
 from bench.engine.metrics import METRIC_NAMES, VAL_SCORES
-from bench.reporting.protocols import metric_at
+from bench.tables.protocols import metric_at
 
 BASE = {"fed.rounds": 6, "method.lr": 0.2, "partition.beta": 0.1}  # a high lr: validation goes up and down
 

@@ -298,7 +298,7 @@ def test_minilm_embeds_the_kvasir_prompts_offline(text_cache):
 def test_fedcb_fedbm_table_configs_plan(name):
     from bench.assembly.config import result_config
     from bench.assembly.experiment import method_arg_names
-    from bench.reporting.table_runner import load_table_config, plan_runs
+    from bench.scheduling.table_runner import load_table_config, plan_runs
     from lightning_modules.base import METHODS
 
     spec = load_table_config(str(REPO / "configs" / "tables" / f"{name}.yaml"))
@@ -315,8 +315,8 @@ def test_fedcb_fedbm_table_configs_plan(name):
 
 
 def test_table_rows_restricted_to_betas_must_cover_every_column():
-    from bench.reporting.table_runner import plan_runs
-    from bench.reporting.table_spec import TableSpec
+    from bench.scheduling.table_runner import plan_runs
+    from bench.tables.table_spec import TableSpec
 
     spec = {"table": "t", "dataset": "d", "betas": [0.05, 0.1], "seeds": [0],
             "rows": [{"label": "A", "betas": [0.05], "method": {"name": "fedavg"}}]}

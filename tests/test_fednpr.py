@@ -408,7 +408,7 @@ def test_efficientnet_lite0_weights_classify_a_photograph():
 # ---- table configs ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dataset", ["isic", "ich", "fashion-mnist"])
 def test_fednpr_table_configs_follow_the_paper_protocol(dataset):
-    from bench.reporting.table_runner import load_table_config, plan_runs
+    from bench.scheduling.table_runner import load_table_config, plan_runs
     from lightning_modules.base import METHODS
 
     spec = load_table_config(f"configs/tables/fednpr_{dataset}.yaml")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.reporting.coverage import coverage
+from bench.commands.coverage import coverage
 from bench.reporting.paper_compare import Match, compare, welch_p
-from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
 from lightning_modules.base import METHODS
 
 TABLE3_METHODS = {  # as FedNPR prints them -> our method

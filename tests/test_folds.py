@@ -22,8 +22,8 @@ from bench.assembly.config import RunConfig, non_default, result_config
 from bench.assembly.validation import validate_config
 from bench.cli import main
 from bench.core.errors import FedbenchError
-from bench.reporting.table_runner import fold_legend, load_table_config, plan_runs, run_label
-from bench.reporting.table_spec import TableSpec
+from bench.scheduling.table_runner import fold_legend, load_table_config, plan_runs, run_label
+from bench.tables.table_spec import TableSpec
 from datamodules.base import DATASETS, FederatedDataModule
 from datamodules.folds import stratified_folds
 from datamodules.tensors import TensorSplit

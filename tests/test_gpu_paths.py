@@ -18,7 +18,7 @@ from bench.assembly.config import RunConfig
 from bench.assembly.workers import auto_layout
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.engine.aggregation import RoundBuffer, client_metrics_row
-from bench.reporting.table_jobs import _start_worker, job_gpus
+from bench.scheduling.table_jobs import _start_worker, job_gpus
 from lightning_modules.base import needs_loss_scaling, run_epochs
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out

@@ -12,7 +12,7 @@ from torch import nn
 from bench.assembly.config import RunConfig
 from bench.assembly.validation import validate_config
 from bench.core.errors import FedbenchError
-from bench.reporting.table_runner import load_table_config, plan_runs
+from bench.scheduling.table_runner import load_table_config, plan_runs
 from lightning_modules.backbones import first_conv
 from lightning_modules.base import FederatedModule
 from lightning_modules.pretrained import build_lite0

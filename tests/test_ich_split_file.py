@@ -13,9 +13,9 @@ from PIL import Image
 from test_fednpr import SUBTYPES, build_rsna_csv
 
 from bench.core.errors import DatasetNotFoundError, FedbenchError
-from bench.reporting.columns import parse_column
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.columns import parse_column
+from bench.tables.table_spec import TableSpec
 from datamodules.base import DATASETS
 from datamodules.client_split_file import read_client_split
 

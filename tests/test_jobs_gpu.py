@@ -1,4 +1,4 @@
-"""`fedbench table --jobs K` on GPUs without a GPU (issue 42, item 1; bench/reporting/table_jobs.py): K workers
+"""`fedbench table --jobs K` on GPUs without a GPU (issue 42, item 1; bench/scheduling/table_jobs.py): K workers
 spread round-robin over G faked GPUs, the runs started longest first, the GPU memory refusal before the pool
 starts and the wait before a run (torch.cuda's memory queries faked), and the CUDA MPS note. That K workers
 give the records of one process is tests/test_table_jobs.py's (end to end, slow)."""
@@ -13,8 +13,8 @@ import torch
 
 from bench.assembly.config import RunConfig
 from bench.core.errors import FedbenchError
-from bench.reporting import table_jobs, table_runner
-from bench.reporting.table_runner import PlannedRun
+from bench.scheduling import table_jobs, table_runner
+from bench.scheduling.table_runner import PlannedRun
 
 GIB = 1024 ** 3
 TABLE = "configs/tables/table2_fashion-mnist.yaml"

@@ -2,8 +2,9 @@
 bench, datamodules and lightning_modules goes to its own layer or one below it, so no package
 imports one that imports it back. Inside bench/ the folders are the layers: bench.core at the bottom, then
 (above datamodules and lightning_modules) the round engine (bench.engine), run assembly (bench.assembly),
-reporting (bench.reporting), the performance tools (bench.perf) and the CLI (bench/cli.py) on top; no other
-module lives loose in bench/."""
+what a table is (bench.tables), reporting it (bench.reporting), W&B tracking (bench.tracking), running a
+table (bench.scheduling), the other subcommands (bench.commands), the performance tools (bench.perf) and the
+CLI (bench/cli.py) on top; no other module lives loose in bench/."""
 from __future__ import annotations
 
 from conftest import REPO
@@ -11,8 +12,8 @@ from conftest import REPO
 from bench.core.code_version import imported_modules, module_name, module_path
 
 # bottom to top: a module may import its own layer and the ones before it
-LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench.engine", "bench.assembly", "bench.reporting",
-          "bench.perf", "bench.cli")
+LAYERS = ("bench.core", "datamodules", "lightning_modules", "bench.engine", "bench.assembly", "bench.tables",
+          "bench.reporting", "bench.tracking", "bench.scheduling", "bench.commands", "bench.perf", "bench.cli")
 PACKAGES = ("bench", "datamodules", "lightning_modules")
 
 
@@ -63,14 +64,14 @@ def test_imports_only_go_down_the_layers():
 def test_the_check_sees_function_level_imports_and_upward_edges():
     modules = project_modules()
     assert "bench.assembly.experiment" in modules["bench.cli"]  # imported inside main()
-    assert "bench.reporting.tables" in modules["bench.reporting.table_runner"]  # inside main()
+    assert "bench.reporting.tables" in modules["bench.scheduling.table_runner"]  # inside main()
     assert violations({"datamodules.partition": {"bench.assembly.records"}}) == [
         "datamodules.partition (datamodules) imports bench.assembly.records (bench.assembly)"]
-    assert violations({"bench.assembly.experiment": {"bench.reporting.wandb_logger"}}) != []
+    assert violations({"bench.assembly.experiment": {"bench.tracking.wandb_logger"}}) != []
     assert violations({"bench.core.batches": {"datamodules.augment"}}) != []
     assert violations({"bench.engine.federation": {"bench.assembly.config"}}) != []  # the engine under assembly
     assert violations({"bench.assembly.experiment": {"bench.engine.federation"}}) == []
-    assert violations({"bench.reporting.table_runner": {"bench.perf.gpu_check"}}) != []  # tools measure, never serve
+    assert violations({"bench.scheduling.table_runner": {"bench.perf.gpu_check"}}) != []  # tools measure, never serve
     assert violations({"bench.helpers": set()}) == [
         "bench.helpers is in no layer: move it into one of bench's layer packages"]
 

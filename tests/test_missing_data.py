@@ -40,7 +40,7 @@ def test_missing_kvasir_fails_before_any_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.assembly.experiment, "run_experiment", no_run)
     monkeypatch.chdir(tmp_path)  # ./data, results/runs and results/tables resolve under tmp_path
     monkeypatch.delenv(DATA_HOME_ENV, raising=False)
-    import bench.reporting.table_runner  # imports paid before the clock
+    import bench.scheduling.table_runner  # imports paid before the clock
 
     started = time.process_time()  # CPU time: wall time grows with the other processes' load
     code = main(["table", "--config", KVASIR])

@@ -194,7 +194,7 @@ def test_table_checks_the_prompts_file_of_every_row_before_the_first_run(own_dat
 
 
 def test_changed_prompts_file_makes_the_record_stale(own_cfg, tmp_path):
-    from bench.reporting.table_runner import record_status
+    from bench.scheduling.table_runner import record_status
 
     path = write_prompts(tmp_path / "my_prompts.yaml", FILE_CONCEPTS, FILE_TEMPLATES)
     cfg = own_cfg("fedcb", {"prompts": path})

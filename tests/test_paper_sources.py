@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from test_tables import SPEC, write_fake_records
 
+from bench.commands.coverage import count_sources
 from bench.core.errors import FedbenchError
-from bench.reporting.coverage import count_sources
 from bench.reporting.paper_numbers import load_paper_numbers, lookup
 from bench.reporting.paper_sources import FACETS, KINDS, applicable_facets, inferred_facets
 from bench.reporting.tables import render_table

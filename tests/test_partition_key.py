@@ -1,4 +1,4 @@
-"""Issue 40, item 3: one partition key. A run's column (bench/reporting/columns.py's ``run_column``) is what
+"""Issue 40, item 3: one partition key. A run's column (bench/tables/columns.py's ``run_column``) is what
 W&B logs as ``partition_key`` and, through ``paper_partition``, the papers' key the table compares it with; the
 protocol a run is scored on is one rule, ``RunConfig.scored_protocol``."""
 from __future__ import annotations
@@ -7,12 +7,12 @@ import pytest
 from conftest import REPO
 
 from bench.assembly.config import RunConfig
-from bench.reporting.columns import paper_partition, parse_column, run_column, table_columns
 from bench.reporting.paper_compare import own_partition_key
-from bench.reporting.protocols import partition_key
-from bench.reporting.table_runner import load_table_config, plan_runs
-from bench.reporting.wandb_logger import partition_key as wandb_key
-from bench.reporting.wandb_logger import run_identity
+from bench.scheduling.table_runner import load_table_config, plan_runs
+from bench.tables.columns import paper_partition, parse_column, run_column, table_columns
+from bench.tables.protocols import partition_key
+from bench.tracking.wandb_logger import partition_key as wandb_key
+from bench.tracking.wandb_logger import run_identity
 
 TABLES = sorted((REPO / "configs" / "tables").glob("*.yaml"))
 

@@ -8,7 +8,7 @@ import re
 import yaml
 from conftest import REPO
 
-from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
 
 WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 
@@ -85,7 +85,7 @@ def test_every_link_between_the_readme_and_docs_resolves():
 
 def test_the_reduced_table_path_shown_is_the_one_written():
     """docs/tables.md's example of a reduced table is what `--set fed.rounds=2 --seeds 0` on table2_kvasir writes."""
-    from bench.reporting.table_overrides import TableOverrides
+    from bench.tables.table_overrides import TableOverrides
 
     spec = load_table_config("configs/tables/table2_kvasir.yaml")
     ov = TableOverrides.parse(spec, ["fed.rounds=2"], "0", None)

@@ -11,8 +11,8 @@ from conftest import REPO, doc_section
 from official_layouts import write_class_tree
 
 from bench.cli import main
-from bench.reporting.spec import deep_merge
 from bench.reporting.uncertainty import paired_difference
+from bench.tables.spec import deep_merge
 
 # what the test changes in the README's config: a budget of seconds (tiny images, small CNN, 2 rounds on 3
 # clients, 2 seeds) and caches under tmp_path; data, rows, methods, prompts and columns stay as written

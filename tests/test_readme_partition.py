@@ -8,8 +8,8 @@ import pytest
 from conftest import readme_module, run_in_process
 
 from bench.assembly.validation import validate_config
+from bench.commands.listing import listing
 from bench.core.registry import UnknownNameError
-from bench.reporting.listing import listing
 from datamodules.partitions import PARTITION_SCHEMES
 
 

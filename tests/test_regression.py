@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO
 
 from bench.cli import main
-from bench.reporting.regression import compare, load_config, load_reference, run_entry
+from bench.commands.regression import compare, load_config, load_reference, run_entry
 from lightning_modules.base import FederatedModule
 from lightning_modules.fedavg import FedAvg
 

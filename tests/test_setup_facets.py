@@ -12,14 +12,14 @@ import yaml
 from test_tables import SPEC_YAML, fake_record
 
 from bench.assembly.records import run_record_path
+from bench.commands.coverage import coverage, format_report
 from bench.core.atomic_io import write_json
-from bench.reporting.coverage import coverage, format_report
 from bench.reporting.paper_numbers import load_paper_numbers
-from bench.reporting.protocols import RowProtocol, protocol_difference, protocol_facets
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.protocols import RowProtocol, protocol_difference, protocol_facets
+from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_spec import TableSpec
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

@@ -11,8 +11,8 @@ from smoke_tables import check_table, run_config, smoke_command, smoke_sets
 
 from bench.assembly.experiment import method_arg_names
 from bench.assembly.validation import known_class_count
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_runner import load_table_config, plan_runs
+from bench.scheduling.table_runner import load_table_config, plan_runs
+from bench.tables.table_overrides import TableOverrides
 from datamodules.data_home import DATA_HOME_ENV
 from lightning_modules.base import METHODS
 

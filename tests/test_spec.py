@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from bench.assembly.config import OPTION_GROUPS, RunConfig, execution_keys, result_config
+from bench.commands.regression import ENTRY_KEYS, load_config
 from bench.core.errors import FedbenchError
-from bench.reporting.regression import ENTRY_KEYS, load_config
-from bench.reporting.spec import canonical, run_config, with_defaults
-from bench.reporting.table_runner import load_table_config
+from bench.scheduling.table_runner import load_table_config
+from bench.tables.spec import canonical, run_config, with_defaults
 
 TABLE = {"table": "t", "dataset": "digits", "betas": [0.5], "seeds": [0],
          "rows": [{"label": "A", "method": {"name": "fedavg"}}]}

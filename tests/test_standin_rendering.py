@@ -12,9 +12,9 @@ import pytest
 from bench.assembly.records import run_record_path
 from bench.core.atomic_io import write_json
 from bench.engine.health import collapse_warnings, method_trains
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.table_spec import TableSpec
 
 K, N_TEST = 4, 400  # chance 25%; SE of a chance-level accuracy: 100 sqrt(.25 .75 / 400) = 2.165 pp
 BALANCED = [100] * K

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from conftest import REPO
 
-from bench.reporting import catalog, listing
-from bench.reporting.catalog_data import CATALOG
+from bench.commands import listing
+from bench.tables import catalog
+from bench.tables.catalog_data import CATALOG
 
 HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "transformers", "open_clip", "numpy", "scipy",
          "matplotlib", "wandb", "sklearn")
@@ -108,7 +109,7 @@ def test_run_and_table_say_what_they_do_before_importing_torch(tmp_path):
     assert lines[0] == (f"fedbench run: fedavg_digits_dir0.5_c4_s0 (3 rounds, 4 clients, devices auto); "
                         f"record under {tmp_path}"), run.stdout + run.stderr
     assert lines[1].startswith("IMPORTING ") and list(tmp_path.iterdir()) == []
-    from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+    from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
 
     planned = len(distinct_runs(plan_runs(load_table_config(TABLE))))
     table = python(STOP_AT_TORCH, "table", "--config", TABLE, "--output-dir", str(tmp_path))
@@ -120,8 +121,8 @@ def test_run_and_table_say_what_they_do_before_importing_torch(tmp_path):
 
 def test_the_catalog_is_what_the_real_classes_say():
     built = catalog.build()  # imports every method, dataset and scheme
-    assert built == CATALOG, ("bench/reporting/catalog_data.py is out of date: run "
-                              "`python -m bench.reporting.catalog --write` (make catalog)")
+    assert built == CATALOG, ("bench/tables/catalog_data.py is out of date: run "
+                              "`python -m bench.tables.catalog --write` (make catalog)")
     assert catalog.load() is CATALOG  # the sources are the ones it was written from: no import needed
     home = Path("/nonexistent-data-home")
     assert listing.listing(home, built) == listing.listing(home, CATALOG)

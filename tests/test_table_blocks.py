@@ -4,8 +4,8 @@ block per table column, each with every row; a narrow table stays one table (the
 tables are unchanged)."""
 from __future__ import annotations
 
-from bench.reporting.columns import Column
 from bench.reporting.table_grid import MAX_COLUMNS, Grid, grid_header, grid_rows, markdown_blocks
+from bench.tables.columns import Column
 
 
 def cell(mean: float) -> dict:

@@ -67,11 +67,11 @@ def test_an_average_over_a_warned_run_is_marked_for_that_seed_only():
     """A derived column (``average``, main's columns) averages the row's runs per seed: the seed whose
     run carries a warning marks the average too; a row with clean runs stays unmarked."""
     from bench.assembly.config import RunConfig
-    from bench.reporting.columns import parse_column
-    from bench.reporting.protocols import RowProtocol
-    from bench.reporting.table_runner import PlannedRun
-    from bench.reporting.table_spec import TableSpec
     from bench.reporting.tables import collect, fmt
+    from bench.scheduling.table_runner import PlannedRun
+    from bench.tables.columns import parse_column
+    from bench.tables.protocols import RowProtocol
+    from bench.tables.table_spec import TableSpec
 
     columns = [parse_column(c) for c in ("dirichlet-0.5", "iid", "average")]
     runs = [PlannedRun(label, None, seed, RunConfig(), [col]) for label in ("A", "B") for col in ("dirichlet-0.5", "iid")

@@ -1,4 +1,4 @@
-"""`fedbench table --jobs N` (bench/reporting/table_jobs.py, issue 19): independent runs in N worker
+"""`fedbench table --jobs N` (bench/scheduling/table_jobs.py, issue 19): independent runs in N worker
 processes give the records one process gives (also when they start in another order: longest first,
 issue 42), and a failing run stops the table with its name."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import yaml
 from conftest import REPO
 
-from bench.reporting.table_jobs import longest_first
-from bench.reporting.table_runner import distinct_runs, planned_table
+from bench.scheduling.table_jobs import longest_first
+from bench.scheduling.table_runner import distinct_runs, planned_table
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

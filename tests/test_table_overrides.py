@@ -15,10 +15,10 @@ from bench.assembly.records import record_path
 from bench.cli import main
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_runner import plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs
+from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_spec import TableSpec
 
 CB_SPEC = TableSpec.parse({**SPEC_YAML, "rows": [*SPEC_YAML["rows"], {"label": "FedCB, tau 10",
                                                                      "method": {"name": "fedcb", "args": {"tau": 10}}}]},

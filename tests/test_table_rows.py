@@ -8,12 +8,12 @@ import pytest
 from test_tables import fake_record
 
 from bench.assembly.records import record_path, run_record_path
+from bench.commands.coverage import coverage
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
-from bench.reporting.coverage import coverage
-from bench.reporting.table_runner import distinct_runs, plan_runs
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import distinct_runs, plan_runs
+from bench.tables.table_spec import TableSpec
 
 RAW = {  # the table config as its YAML file holds it
     "table": "facmic_t4", "dataset": "bt", "paper": "facmic", "columns": ["iid"], "seeds": [0, 1],

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.reporting.table_runner import distinct_runs, plan_runs, shard_runs
-from bench.reporting.table_spec import TableSpec
+from bench.scheduling.table_runner import distinct_runs, plan_runs, shard_runs
+from bench.tables.table_spec import TableSpec
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

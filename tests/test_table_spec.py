@@ -12,8 +12,8 @@ import yaml
 from conftest import REPO
 
 from bench.core.errors import FedbenchError
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_spec import DEFAULT_METRICS, TableSpec, load_table_config
+from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_spec import DEFAULT_METRICS, TableSpec, load_table_config
 
 RAW = {"table": "t", "dataset": "digits", "betas": [0.1, 0.5], "seeds": [0, 1],
        "base": {"partition": {"num_clients": 4}},
@@ -108,8 +108,8 @@ def spec_mapping_reads(path: Path) -> list[int]:
 
 
 def test_nothing_after_the_loader_reads_the_yaml_mapping():
-    """Only the YAML loader (bench/reporting/spec.py) reads a spec mapping: the tables read the TableSpec, the
+    """Only the YAML loader (bench/tables/spec.py) reads a spec mapping: the tables read the TableSpec, the
     regression runner its RegressionSpec (each loader names the mapping ``raw``)."""
     readers = {str(p.relative_to(REPO)): lines for p in sorted((REPO / "bench").rglob("*.py"))
                if (lines := spec_mapping_reads(p))}
-    assert set(readers) <= {"bench/reporting/spec.py"}, readers
+    assert set(readers) <= {"bench/tables/spec.py"}, readers

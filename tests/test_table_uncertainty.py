@@ -19,9 +19,9 @@ from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.reporting.paper_compare import welch_p
-from bench.reporting.table_runner import load_table_config, plan_runs
 from bench.reporting.tables import render_table
 from bench.reporting.uncertainty import best_with_ties, binomial_se, paired_difference
+from bench.scheduling.table_runner import load_table_config, plan_runs
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 

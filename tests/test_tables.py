@@ -12,9 +12,9 @@ from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.core.code_version import code_version
 from bench.reporting.paper_compare import welch_p
-from bench.reporting.table_runner import plan_runs, record_status
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.tables import render_table
+from bench.scheduling.table_runner import plan_runs, record_status
+from bench.tables.table_spec import TableSpec
 
 SPEC_YAML = {  # a table config as its YAML file holds it
     "table": "table2", "dataset": "kvasir", "paper": "fedbm", "betas": [0.05, 0.1], "seeds": [0, 1, 2],

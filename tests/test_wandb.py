@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.reporting.wandb_logger import TEXT_COLUMNS
+from bench.tracking.wandb_logger import TEXT_COLUMNS
 
 BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, length, type)
 
@@ -222,8 +222,8 @@ def test_wandb_ids_are_the_record_identity(wandb_table):
     """Issue 39.2: a train run's W&B id is its record's identity (experiment, record name, code version),
     so that the live run, a replay of its record and a rerun are one W&B run."""
     from bench.assembly.records import find_record, load_record
-    from bench.reporting.table_runner import load_table_config, plan_runs
-    from bench.reporting.wandb_logger import wandb_run_id
+    from bench.scheduling.table_runner import load_table_config, plan_runs
+    from bench.tracking.wandb_logger import wandb_run_id
 
     config, runs_dir, _, live_dir = wandb_table
     live, _ = train_runs(live_dir)
@@ -298,9 +298,9 @@ def test_rounds_are_numbered_alike_in_every_output(wandb_table, tmp_path):
     """Issue 39.2: one round numbering (from 0, the records' own) in the curves PNG, W&B's ``round``,
     ``reported_round`` and the dashboard preview (the curves drew 1..R, the others 0..R-1)."""
     from bench.assembly.records import find_record, load_record
-    from bench.reporting.dashboard_preview import logged_runs, mean_std_curve
+    from bench.commands.dashboard_preview import logged_runs, mean_std_curve
     from bench.reporting.plots import curve_of
-    from bench.reporting.table_runner import load_table_config, plan_runs
+    from bench.scheduling.table_runner import load_table_config, plan_runs
 
     config, runs_dir, _, live_dir = wandb_table
     live, _ = train_runs(live_dir)
@@ -318,8 +318,8 @@ def test_rounds_are_numbered_alike_in_every_output(wandb_table, tmp_path):
 def test_one_key_rule_counts_wandb_login(tmp_path, monkeypatch):
     """Issue 39.2: a key saved by `wandb login` (netrc) sends table runs online exactly as it makes the
     dashboard publish (before: runs stayed offline, only $WANDB_API_KEY counted); WANDB_MODE decides when set."""
-    from bench.reporting.dashboard import has_api_key
-    from bench.reporting.wandb_logger import wandb_mode
+    from bench.commands.dashboard import has_api_key
+    from bench.tracking.wandb_logger import wandb_mode
 
     home = tmp_path / "home"
     home.mkdir()
@@ -359,7 +359,7 @@ def test_dashboard_follows_a_reduced_table_run(wandb_table, tmp_path, monkeypatc
 @pytest.mark.parametrize("scheme, tags", [("dirichlet", ["beta=0.1"]), ("iid", [])])
 def test_run_tags(scheme, tags):
     from bench.assembly.config import RunConfig
-    from bench.reporting.wandb_logger import run_tags
+    from bench.tracking.wandb_logger import run_tags
 
     cfg = RunConfig()
     cfg.partition.scheme, cfg.partition.beta, cfg.seed = scheme, 0.1, 2
@@ -409,8 +409,8 @@ def test_single_run_is_logged_offline(tmp_path, monkeypatch, capsys):
 def test_dashboard_preview_draws_what_wandb_holds(wandb_table, tmp_path, capsys):
     """`fedbench dashboard --preview`: the PNG is drawn from the records as W&B holds them (the same rows
     and summaries the live train runs logged)."""
-    from bench.reporting.dashboard_preview import logged_runs
-    from bench.reporting.table_runner import load_table_config, plan_runs
+    from bench.commands.dashboard_preview import logged_runs
+    from bench.scheduling.table_runner import load_table_config, plan_runs
 
     config, runs_dir, _, live_dir = wandb_table
     spec = load_table_config(str(config))

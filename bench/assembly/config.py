@@ -91,7 +91,7 @@ class FedConfig:
     test_rounds: Literal["all", "val_improves"] = "val_improves"
     # samples per evaluation batch; null: as many as fit 2M input values, 256..4096 (bench/engine/evaluation.py)
     eval_batch_size: int | None = field(default=None, metadata=EXECUTION)
-    # what is evaluated (bench/reporting/protocols.py): None = the method's own protocol; "global"
+    # what is evaluated (bench/tables/protocols.py): None = the method's own protocol; "global"
     # scores the global model (FedRep: averaged body + initial head; FedRoD: its generic head),
     # "per_client" each client's model on its own test split, "local_mean" each client's model on
     # the global test set
@@ -190,7 +190,7 @@ class RunConfig:
         return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}{fold}"
 
     def scored_protocol(self, method_protocol: str, runs_centrally: bool) -> str:
-        """What the run is scored on (the one rule; bench/reporting/protocols.py explains the protocols): the
+        """What the run is scored on (the one rule; bench/tables/protocols.py explains the protocols): the
         global model for a method trained centrally; else ``fed.protocol`` when set, else the method's own."""
         return "global" if runs_centrally else self.fed.protocol or method_protocol
 

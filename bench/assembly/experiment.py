@@ -326,7 +326,7 @@ def run_experiment(cfg: RunConfig, fabric: Fabric | None = None, observer: RunOb
                    annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one experiment on ``fabric`` (made from cfg and launched when not given); returns the record.
     ``observer`` receives the per-round metrics, the final record and the end of the run (W&B logging:
-    the caller passes bench.reporting.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
+    the caller passes bench.tracking.wandb_logger.wandb_observer(cfg)). ``annotations``: extra record
     entries, e.g. a table's command-line overrides (the table runner gives them to its W&B observer too)."""
     apply_allocator_policy()  # once per process; a no-op when the CLI did it
     with run_scope():

@@ -1,7 +1,7 @@
 """The client-by-class heatmap of a partition (a PNG), drawn by a run (bench/assembly/experiment.py, once per
 partition) and by the tables (bench/reporting/plots.py).
 
-It sits in the round core rather than in bench/reporting because bench.assembly.experiment draws it and the round
+It sits in run assembly rather than in bench/reporting because bench.assembly.experiment draws it and the round
 core imports nothing above itself (tests/test_layering.py); datamodules only computes partitions.
 """
 from __future__ import annotations

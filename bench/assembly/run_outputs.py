@@ -23,7 +23,7 @@ from lightning_modules.base import FederatedModule, needs_loss_scaling
 
 class RunObserver:
     """What a caller watches of a run: run_experiment calls it on every rank (an observer that logs
-    acts on rank 0). This one does nothing; W&B's is bench.reporting.wandb_logger.WandbObserver,
+    acts on rank 0). This one does nothing; W&B's is bench.tracking.wandb_logger.WandbObserver,
     which the CLI and the table runner pass when cfg.wandb is set."""
 
     def start(self, cfg: RunConfig, rank: int) -> None:

@@ -79,7 +79,7 @@ def parent_of(pid: int) -> int | None:
 def die_with_ancestor(ancestor: int, sig: int = signal.SIGTERM) -> str:
     """``die_with_parent`` for a process whose parent is ``ancestor`` or a process that ``ancestor`` started
     and that dies with it (the `fedbench table --jobs` forkserver, which asks for that itself:
-    bench/reporting/job_preload.py; multiprocessing alone keeps a forkserver alive while its children run).
+    bench/scheduling/job_preload.py; multiprocessing alone keeps a forkserver alive while its children run).
     The signal comes when the parent exits; and at once when ``ancestor`` is already gone (the parent is
     then neither ``ancestor`` nor its child)."""
     parent = os.getppid()

@@ -65,7 +65,7 @@ class Registry(Generic[T]):
 
 def unknown_name(kind: str, name: str, names: list[str]) -> UnknownNameError:
     """The error for a name that is not among ``names`` (sorted), with the closest ones: a registry's, or the
-    catalog's (bench/reporting/catalog.py: the same names, checked before the modules are imported)."""
+    catalog's (bench/tables/catalog.py: the same names, checked before the modules are imported)."""
     close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return UnknownNameError(f"Unknown {kind} {name!r}.{hint} Available: {', '.join(names)}.")

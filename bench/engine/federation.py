@@ -308,7 +308,7 @@ class Federation:
         """Whether round r's evaluation scores the test set too: with ``fed.test_rounds: all`` at every
         evaluated round; with ``val_improves`` at the final round and where the validation metrics beat
         every earlier round's by accuracy or by FedBM's sum of five (the two validation round rules,
-        bench/reporting/protocols.py, whose ties go to the earliest round): the test metrics those
+        bench/tables/protocols.py, whose ties go to the earliest round): the test metrics those
         rules report are the ones every-round evaluation would give."""
         if self.plan.test_rounds == "all" or r + 1 == self.plan.rounds or not val_metrics:
             return True

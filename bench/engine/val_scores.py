@@ -1,5 +1,5 @@
 """The validation criteria that pick a reported round, without torch: the orchestrator (bench/engine/federation.py,
-through bench/engine/metrics.py) and the table's round rules (bench/reporting/protocols.py, read by `fedbench coverage`,
+through bench/engine/metrics.py) and the table's round rules (bench/tables/protocols.py, read by `fedbench coverage`,
 which imports no torch) use the same ones."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def metric_sum(metrics: dict[str, float], keys: tuple[str, ...]) -> float:
     return float(sum(vals))
 
 
-# the validation criteria that pick a reported round (bench/reporting/protocols.py's round rules)
+# the validation criteria that pick a reported round (bench/tables/protocols.py's round rules)
 VAL_SCORES: dict[str, Callable[[dict[str, float]], float]] = {
     "best-val-acc": lambda m: metric_sum(m, ("val/accuracy",)),
     # acc + micro recall (= acc) + macro precision + macro F1 + AUC

@@ -54,7 +54,7 @@ def write_kvasir(root: Path, per_class: int) -> Path:
 
 def table_runs() -> tuple[Counter, dict]:
     """The table's distinct runs counted per row label, and each row's first config (seed 0)."""
-    from bench.reporting.table_runner import distinct_runs, load_table_config, plan_runs
+    from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
 
     runs = distinct_runs(plan_runs(load_table_config(TABLE), output_dir="/tmp/none", check_records=False))
     configs: dict = {}

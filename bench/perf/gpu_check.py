@@ -154,7 +154,7 @@ def check_jobs_share_the_device(root: str, accelerator: str) -> tuple[bool, str]
     from types import SimpleNamespace
 
     from bench.assembly.workers import cpu_cores
-    from bench.reporting.table_jobs import run_jobs
+    from bench.scheduling.table_jobs import run_jobs
 
     def config(folder: str, seed: int) -> RunConfig:
         cfg = tiny_config(folder, "fedavg", accelerator, experiment="jobs", seed=seed, save_final_state=True)

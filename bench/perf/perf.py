@@ -34,7 +34,7 @@ from bench.core.atomic_io import write_json
 from bench.core.errors import FedbenchError
 from bench.core.paths import REPO_ROOT
 from bench.perf.perf_env import clean_env
-from bench.reporting.flags import CommandParser
+from bench.tables.flags import CommandParser
 
 CASES = ("loops", "options", "workers", "round", "clip", "table2")
 DEFAULT_CASES = CASES[:-1]  # table2 (two full offline tables, ~25 min) runs on request: make bench-table2

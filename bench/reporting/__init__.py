@@ -1,4 +1,5 @@
-"""Reporting on top of the round core: tables (their partition columns and the papers' protocols),
-plots, paper numbers and the comparison with them, coverage, the table and regression runners, W&B
-logging and the speed benchmarks. Nothing here changes a run's numbers, so bench/core/code_version.py
-does not hash it."""
+"""Reporting a table: the papers' numbers and where they come from (paper_sources.py, paper_numbers.py),
+the comparison with them (paper_compare.py, departures.py, cell_marks.py, uncertainty.py), and rendering
+(tables.py, table_grid.py, table_files.py, plots.py). It reads the table definitions below it
+(bench.tables) and never runs anything; nothing here changes a run's numbers, so
+bench/core/code_version.py does not hash it."""

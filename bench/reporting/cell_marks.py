@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 
 from bench.engine.health import COLLAPSE_MARK, collapse_at, collapse_note
-from bench.reporting.protocols import RowProtocol, select_round
 from bench.reporting.uncertainty import binomial_se
+from bench.tables.protocols import RowProtocol, select_round
 
 CHANCE_METRICS = ("accuracy", "balanced_accuracy")  # chance 100/K; F1, precision and AUC are not marked
 ON_GLOBAL_TEST = ("global", "local_mean")  # the evaluations scored on the global test set (all K classes)

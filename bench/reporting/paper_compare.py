@@ -2,7 +2,7 @@
 whether it was measured the same way, the difference and a Welch t-test.
 
 This is the one lookup both the table renderer (bench/reporting/tables.py) and ``fedbench coverage``
-(bench/reporting/coverage.py) use, so coverage is exactly what the tables print.
+(bench/commands/coverage.py) use, so coverage is exactly what the tables print.
 
 A table config names its paper(s) (``paper: fedbm`` or a list); each row names its method as the
 paper prints it (``paper_method``, default: the row label; matched case-insensitively, so FedBM's
@@ -10,11 +10,11 @@ paper prints it (``paper_method``, default: the row label; matched case-insensit
 are a string for every paper, or a mapping ``{paper: value}``; ``paper_method: {fedcb: null}``
 compares the row with no FedCB cell. A cell is looked up by the papers' dataset key (the row's
 ``paper_dataset``, else the table's, else the row's ``data.name`` mapped by ``PAPER_DATASETS``), the
-column's partition (bench/reporting/columns.py; partition-independent rows fall back to the papers' ``none``,
+column's partition (bench/tables/columns.py; partition-independent rows fall back to the papers' ``none``,
 or use their own one-client (``none``), iid, shards or natural partition), the method and the metric; comparison tables
 first, then ablations, unless the row names a table or a setting.
 
-A found cell is compared only when the row's protocol (bench/reporting/protocols.py) is the paper's
+A found cell is compared only when the row's protocol (bench/tables/protocols.py) is the paper's
 and its run's setup (clients, rounds, local epochs, client sampling, partition) is the paper's;
 otherwise it says ``protocol differs: <what>`` / ``setup differs: rounds 20 vs 200`` and has no
 difference and no p-value. A row whose runs were changed with ``--set`` or that stands in for the
@@ -30,17 +30,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.core.errors import FedbenchError
-from bench.reporting.columns import Column
 from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.paper_sources import inferred_facets, source_kinds
-from bench.reporting.protocols import (
+from bench.tables.columns import Column
+from bench.tables.protocols import (
     RowProtocol,
     describe_facets,
     difference_text,
     protocol_facets,
     row_protocol,
 )
-from bench.reporting.table_spec import TableSpec
+from bench.tables.table_spec import TableSpec
 
 # runs behind a paper's mean ± std (the Welch test's n): 3 seeds (FedBM, FedCB), FedNPR's five-fold CV
 PAPER_RUNS = {"fedbm": 3, "fedcb": 3, "fednpr": 5}
@@ -79,7 +79,7 @@ def check_row_refs(spec: TableSpec, row: dict, where: str) -> None:
 def own_partition_key(partition: dict[str, Any]) -> str | None:
     """The papers' partition key of a row's own partition: ``none`` for one client (centralised),
     else its column's when it is drawn without a concentration (iid, natural, shards-<s>); None otherwise."""
-    from bench.reporting.columns import CONCENTRATION_KINDS, column_of, run_column
+    from bench.tables.columns import CONCENTRATION_KINDS, column_of, run_column
 
     if partition.get("num_clients") == 1:
         return "none"

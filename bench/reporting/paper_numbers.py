@@ -9,7 +9,7 @@ per-table notes on how garbled tables were reconstructed).  Each file looks like
 
 Cells are unique by ``(paper, table, dataset, partition, method, metric, setting)``.
 
-How a table measured its numbers is its ``protocol`` (bench/reporting/protocols.py: ``eval``, ``round``,
+How a table measured its numbers is its ``protocol`` (bench/tables/protocols.py: ``eval``, ``round``,
 ``model``, ``setup``), with per-method exceptions in ``method_protocols``. Each facet of it says where it
 comes from in ``sources`` (bench/reporting/paper_sources.py)::
 
@@ -117,7 +117,7 @@ def _attach_sources(cell: dict, where: str) -> None:
 
 
 def paper_protocol_of(table: dict, method: str, dataset: str | None = None, partition: str | None = None) -> dict:
-    """How a paper table measured ``method`` (see bench/reporting/protocols.py): the table's
+    """How a paper table measured ``method`` (see bench/tables/protocols.py): the table's
     ``protocol``, updated by its ``method_protocols[method]`` exception; {} when the transcription
     has none. Their ``sources`` merge facet by facet.
 

@@ -14,7 +14,7 @@ from bench.assembly.partition_plot import plot_partition
 from bench.core.atomic_io import atomic_write
 
 if TYPE_CHECKING:
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
 
 def _save(fig, path: Path) -> None:

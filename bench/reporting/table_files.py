@@ -7,8 +7,8 @@ import csv
 import io
 from typing import Any
 
-from bench.reporting.columns import Column
 from bench.reporting.table_grid import fmt_paper
+from bench.tables.columns import Column
 
 CELL_FIELDS = ["mean", "std", "paper_mean", "paper_std", "delta", "p_value", "paper_source"]
 CSV_HEADER = ["method", "beta", "metric", *CELL_FIELDS, "n_seeds", "expected_seeds", "values", "column",

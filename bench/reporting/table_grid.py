@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.reporting.columns import Column
 from bench.reporting.departures import id_key, row_mark
 from bench.reporting.paper_compare import PAPER_NAMES
+from bench.tables.columns import Column
 
 MAX_COLUMNS = 13  # Method + at most 12 value columns in one Markdown table
 

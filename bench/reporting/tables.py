@@ -10,7 +10,7 @@ seed (bench/reporting/cell_marks.py marks those cells, and says when the test se
 Paper columns that would print only "n/a" (no paper has a number there) are left out of the Markdown (the
 CSV and JSON keep every field).
 
-Ours is the test metric at the round the row's round rule picks (bench/reporting/protocols.py), computed from
+Ours is the test metric at the round the row's round rule picks (bench/tables/protocols.py), computed from
 each record's per-round history. A paper's number is shown only where the row was measured as the
 paper measured it; elsewhere its column says "protocol differs: <what>" (bench/reporting/paper_compare.py).
 One column group per paper that has a cell in the table, so every number names its paper.
@@ -35,7 +35,6 @@ from bench.reporting.cell_marks import (
     mark_cells,
     run_health,
 )
-from bench.reporting.columns import Column, table_columns
 from bench.reporting.departures import (
     cell_departures,
     departure_legend,
@@ -51,12 +50,13 @@ from bench.reporting.paper_compare import (
 )
 from bench.reporting.paper_sources import FACETS, inferred_facets
 from bench.reporting.plots import plot_curves, plot_partitions
-from bench.reporting.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
 from bench.reporting.table_files import csv_text, table_json
 from bench.reporting.table_grid import Grid, fmt, grid_header, grid_rows, markdown_blocks  # noqa: F401 (fmt: tests)
-from bench.reporting.table_overrides import REDUCED_TITLE
-from bench.reporting.table_spec import TableSpec
 from bench.reporting.uncertainty import ALPHA, best_with_ties, binomial_se, paired_difference
+from bench.tables.columns import Column, table_columns
+from bench.tables.protocols import EVALS, ROUND_RULES, RowProtocol, metric_at
+from bench.tables.table_overrides import REDUCED_TITLE
+from bench.tables.table_spec import TableSpec
 
 METRIC_LABELS = {"accuracy": "Acc", "f1": "F1", "balanced_accuracy": "bAcc", "auc": "AUC", "precision": "Prec"}
 
@@ -118,7 +118,7 @@ def collect(spec: TableSpec, runs: list, records: dict[int, dict], columns: list
 
 
 def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[str]) -> None:
-    """Rows with ``average_of`` (bench/reporting/table_runner.py): per seed and column, the mean of
+    """Rows with ``average_of`` (bench/scheduling/table_runner.py): per seed and column, the mean of
     the listed rows' values where all of them have one."""
     derived = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
     for label, sources in derived.items():
@@ -469,7 +469,7 @@ def render_table(spec: TableSpec, runs: list, tables_dir: str = "results/tables"
                  replace: bool = False) -> dict[str, str]:
     """Write <name>.{md,csv,json} (+ PNG figures) from the runs' records; returns the paths.
     ``papers_root``: where the papers' numbers are (results/paper). ``name`` defaults to
-    <table>_<dataset>; ``changes`` (bench/reporting/table_overrides.py) says how the runs differ from the
+    <table>_<dataset>; ``changes`` (bench/tables/table_overrides.py) says how the runs differ from the
     config; ``reduced``: not the config's budget, which the title then says (``title_note``: what it says instead). A table already there is never
     replaced by a less complete one (keep_complete) unless ``replace``."""
     name = plain_name(name or spec.name, "the table's name", tables_dir)

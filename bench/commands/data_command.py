@@ -2,7 +2,7 @@
 
 A dataset the loader already finds (under the data home, or at its default folder) is left alone. A
 fetchable one is downloaded with a progress bar, resumed after an interruption, checked against its
-recorded SHA-256 (and its authors' MD5) and unpacked atomically (bench/reporting/download.py). A dataset
+recorded SHA-256 (and its authors' MD5) and unpacked atomically (bench/commands/download.py). A dataset
 behind a registration or a licence prints the exact steps and the command fails, so that `make table2`
 stops before the table. `--table CONFIG` gets every dataset the table config's runs read without an
 explicit data.root (the Makefile's table targets run it first). docs/data.md has the table of sources.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from bench.commands.data_sources import SOURCES
+from bench.commands.download import MIRROR_ENV, ManualDatasetError, fetch, home_lock, read_checksums
 from bench.core.errors import FedbenchError
-from bench.reporting.data_sources import SOURCES
-from bench.reporting.download import MIRROR_ENV, ManualDatasetError, fetch, home_lock, read_checksums
-from bench.reporting.flags import CommandParser
+from bench.tables.flags import CommandParser
 from datamodules.data_home import DATA_HOME_ENV, data_home, locate, set_data_home
 
 
@@ -26,7 +26,7 @@ def present_at(name: str, home: Path) -> Path | None:
     The name a source unpacks to is checked first, without importing the data modules (and torch)."""
     if name in SOURCES and (home / SOURCES[name].target).exists():
         return locate(home, (SOURCES[name].target,))
-    from bench.reporting import catalog  # the loaders' entries without importing them (no torch)
+    from bench.tables import catalog  # the loaders' entries without importing them (no torch)
 
     entry = catalog.load()["datasets"][name]
     found = locate(home, entry["home_entries"]) if entry["home_entries"] else None
@@ -46,7 +46,7 @@ def availability(name: str, home: Path) -> str:
 
 def table_datasets(path: str) -> list[str]:
     """The dataset names a table config's runs read from the data home (rows with a data.root excluded)."""
-    from bench.reporting.table_spec import load_table_config
+    from bench.tables.table_spec import load_table_config
 
     spec = load_table_config(path)
     base = spec.base.get("data") or {}

@@ -98,7 +98,7 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
     the table's environment as the pool started (a forked worker has its forkserver's otherwise)."""
     # the table's process gone (any signal, even SIGKILL): this worker stops too
     die_with_parent() if parent is None else die_with_ancestor(parent)
-    sys.excepthook = sys.__excepthook__  # the forkserver's hook (bench/reporting/job_preload.py) ends here
+    sys.excepthook = sys.__excepthook__  # the forkserver's hook (bench/scheduling/job_preload.py) ends here
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
@@ -117,14 +117,14 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
 
 def job_context(on_gpu: bool) -> Any:
     """How the --jobs workers start. The fedbench command on Linux, its runs on the CPU: forked by one
-    forkserver that imported the training stack once (bench/reporting/job_preload.py), so a worker is ready at
+    forkserver that imported the training stack once (bench/scheduling/job_preload.py), so a worker is ready at
     once instead of importing torch and Lightning again (seconds of CPU each). Otherwise spawned, each worker
     a fresh interpreter: on a GPU (a process that touched the CUDA driver cannot fork a CUDA user, and the GPU
     path is the one gpu-check measured), and when run_jobs is called from Python (tests, notebooks: a
     forkserver would outlive the call with the environment and output streams it started with)."""
     if not on_gpu and launchable() and "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["bench.reporting.job_preload"])
+        context.set_forkserver_preload(["bench.scheduling.job_preload"])
         return context
     return multiprocessing.get_context("spawn")
 
@@ -237,7 +237,7 @@ def wait_for_memory(need_gib: float, run: str, sleep=time.sleep) -> int:
 def _run_one(config: dict[str, Any], wandb_dir: str | None, annotations: dict | None,
              identity: dict | None = None, need_gib: float | None = None) -> str:
     from bench.assembly.experiment import make_fabric, run_experiment
-    from bench.reporting.wandb_logger import wandb_observer
+    from bench.tracking.wandb_logger import wandb_observer
 
     cfg = from_dict(config)
     if need_gib is not None:  # a worker on a GPU (run_jobs)

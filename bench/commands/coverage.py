@@ -29,8 +29,6 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import shipped
-from bench.reporting.columns import table_columns
-from bench.reporting.flags import CommandParser
 from bench.reporting.paper_compare import (
     PAPER_METRICS,
     PAPER_NAMES,
@@ -40,7 +38,9 @@ from bench.reporting.paper_compare import (
 )
 from bench.reporting.paper_numbers import load_paper_numbers
 from bench.reporting.paper_sources import FACETS, KINDS, source_kinds
-from bench.reporting.table_runner import load_table_config, plan_runs
+from bench.scheduling.table_runner import load_table_config, plan_runs
+from bench.tables.columns import table_columns
+from bench.tables.flags import CommandParser
 
 CELL_ID = ("paper", "table", "dataset", "partition", "method", "metric", "setting")
 

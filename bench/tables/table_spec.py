@@ -6,7 +6,7 @@ W&B and the dashboard all read: nothing after it reads the YAML mapping, and eac
 the baseline, the title) is decided here once. The command line's --seeds / --rows / --folds make a
 narrower copy (``dataclasses.replace``, table_overrides.TableOverrides.select).
 
-The keys are documented in bench/reporting/table_runner.py's module docstring.
+The keys are documented in bench/scheduling/table_runner.py's module docstring.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 from bench.assembly.config import OPTION_GROUPS
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name, shipped
-from bench.reporting.flags import config_kind
-from bench.reporting.spec import RUN_KEYS, check_keys, check_overrides, load_spec, plain_copy
+from bench.tables.flags import config_kind
+from bench.tables.spec import RUN_KEYS, check_keys, check_overrides, load_spec, plain_copy
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",

@@ -1,5 +1,5 @@
 """What the `fedbench table --jobs` forkserver imports once, so that each worker it forks starts with the
-training stack already imported (bench/reporting/table_jobs.py ``job_context``).
+training stack already imported (bench/scheduling/table_jobs.py ``job_context``).
 
 Imported by the forkserver process only (``multiprocessing``'s ``set_forkserver_preload``): torchmetrics'
 unused extras skipped first (as in every fedbench process, bench/core/compat.py), then the modules a
@@ -32,7 +32,7 @@ die_with_parent(parent=TABLE)
 skip_torchmetrics_extras()
 
 import bench.assembly.experiment
-import bench.reporting.wandb_logger  # noqa: F401
+import bench.tracking.wandb_logger  # noqa: F401
 
 TABLE_EXIT_WAIT_S = 5.0  # how long a failed worker's start waits to see whether the table is ending
 

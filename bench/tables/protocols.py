@@ -64,7 +64,7 @@ from bench.core.errors import FedbenchError
 from bench.engine.val_scores import VAL_SCORES, metric_sum
 
 if TYPE_CHECKING:
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
 EVALS = {
     "global": "the global model on the global test set",
@@ -176,8 +176,8 @@ def default_round_rule(eval_protocol: str, table_rule: str | None) -> str:
 
 
 def partition_key(cfg) -> str:
-    """A run's partition as the papers' partition key: its column's (bench/reporting/columns.py)."""
-    from bench.reporting.columns import paper_partition, run_column
+    """A run's partition as the papers' partition key: its column's (bench/tables/columns.py)."""
+    from bench.tables.columns import paper_partition, run_column
 
     return paper_partition(run_column(cfg.partition, getattr(cfg.data, "client_split_file", None)))
 
@@ -203,8 +203,8 @@ def describe_overrides(overrides: dict[str, Any] | None) -> str | None:
 def row_protocol(cfg, row: dict[str, Any], spec: TableSpec, where: str,
                  overrides: dict[str, Any] | None = None, stand_in: str | None = None) -> RowProtocol:
     """The protocol of a row whose (first) run has config ``cfg``; ``overrides``: the command-line
-    changes of its runs (bench/reporting/table_overrides.py); ``stand_in``: why it is a stand-in."""
-    from bench.reporting.catalog import method_traits  # the method is not imported: no torch for coverage
+    changes of its runs (bench/tables/table_overrides.py); ``stand_in``: why it is a stand-in."""
+    from bench.tables.catalog import method_traits  # the method is not imported: no torch for coverage
 
     protocol, runs_centrally = method_traits(cfg.method.name)
     eval_protocol = cfg.scored_protocol(protocol, runs_centrally)

@@ -44,7 +44,7 @@ def past_seconds(cfg) -> float | None:
 
 def plan_lines(runs: list, force: bool) -> list[PlanLine]:
     """Each distinct run with its record status (as ``execute`` would decide it) and its past wall time."""
-    from bench.reporting.table_runner import record_status
+    from bench.scheduling.table_runner import record_status
 
     lines = []
     for r in runs:

@@ -3,7 +3,7 @@ built with the ``wandb-workspaces`` package from the table config alone (no reco
 
 The runs are the table's W&B runs (``--wandb``, live or ``--render-only`` after the fact): their group is
 the table's experiment, their config holds ``row``, ``beta`` and ``partition_key`` (the column;
-bench/reporting/wandb_logger.py), and every per-round chart has ``round`` as its x-axis. Both views hold:
+bench/tracking/wandb_logger.py), and every per-round chart has ``round`` as its x-axis. Both views hold:
 
   per metric   a section: test/<metric> over rounds, mean ± std over seeds grouped by row (the report: one
                panel per column), and a bar chart of each row's summary (the value at the table's round rule)
@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
-from bench.reporting.flags import CommandParser
+from bench.tables.flags import CommandParser
 
 TRAINING = ["train/loss", "lr", "clients_trained"]
 COMMUNICATION = ["comm/bytes_up", "comm/bytes_down"]
@@ -61,8 +61,8 @@ class TableView:
 def table_view(config: str, sets: list[str] | None = None, seeds: str | None = None,
                rows: list[str] | None = None) -> TableView:
     """The view of the table's runs, planned as `fedbench table` plans them (table_runner.planned_table)."""
-    from bench.reporting.table_runner import distinct_runs, planned_table
-    from bench.reporting.wandb_logger import partition_key
+    from bench.scheduling.table_runner import distinct_runs, planned_table
+    from bench.tracking.wandb_logger import partition_key
 
     _, spec, overrides, runs = planned_table(config, sets, seeds, rows)
     if not runs:
@@ -111,7 +111,7 @@ def summary_bars(key: str, title: str | None = None, by_row: bool = True):
 def results_panel():
     import wandb_workspaces.reports.v2 as wr
 
-    from bench.reporting.wandb_logger import RESULTS_KEY
+    from bench.tracking.wandb_logger import RESULTS_KEY
 
     return wr.WeavePanelSummaryTable(table_name=RESULTS_KEY)
 
@@ -197,7 +197,7 @@ def specs(view: TableView, entity: str) -> dict[str, dict]:
 def has_api_key() -> bool:
     """Whether the dashboard publishes: the rule every W&B run we log follows (wandb_logger.wandb_mode:
     $WANDB_MODE, else W&B's own key lookup, `wandb login` included) says online. No network call."""
-    from bench.reporting.wandb_logger import wandb_mode
+    from bench.tracking.wandb_logger import wandb_mode
 
     return wandb_mode() == "online"
 
@@ -255,8 +255,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     view = table_view(args.config, args.set, args.seeds, args.rows)
     if args.preview:
-        from bench.reporting.dashboard_preview import draw_preview, logged_runs
-        from bench.reporting.table_runner import planned_table
+        from bench.commands.dashboard_preview import draw_preview, logged_runs
+        from bench.scheduling.table_runner import planned_table
 
         _, spec, _, planned = planned_table(args.config, args.set, args.seeds, args.rows, output_dir=args.output_dir)
         runs = logged_runs(spec, planned)

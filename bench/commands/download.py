@@ -1,6 +1,6 @@
 """`fedbench data get NAME`: download a public dataset into the data home, checked, resumable, unpacked atomically.
 
-1. Each file of the dataset's source (bench/reporting/data_sources.py) is downloaded to
+1. Each file of the dataset's source (bench/commands/data_sources.py) is downloaded to
    ``<home>/.fedbench-downloads/<file>.part`` with a progress bar. A download that stops early (the
    connection drops, fewer bytes than announced) keeps its ``.part`` and is one error saying to run the
    command again: the next run asks for the rest (HTTP ``Range``) and appends it; a server that ignores
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from bench.commands.data_sources import SOURCES, RemoteFile, Source
 from bench.core.errors import FedbenchError
-from bench.reporting.data_sources import SOURCES, RemoteFile, Source
 
 MIRROR_ENV = "FEDBENCH_DATA_MIRROR"
 DOWNLOADS = ".fedbench-downloads"

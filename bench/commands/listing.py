@@ -2,7 +2,7 @@
 it is looked for under the data home and whether it is present, fetchable (`fedbench data get NAME`) or
 manual (the same command prints the steps), and the partition schemes.
 
-Read from the catalog (bench/reporting/catalog.py: names, descriptions and options recorded from the
+Read from the catalog (bench/tables/catalog.py: names, descriptions and options recorded from the
 registries ``METHODS``, ``DATASETS``, ``PARTITION_SCHEMES`` and the docstrings of the code that implements them),
 so a new method, dataset or scheme is listed without editing this file, and listing imports none of them
 (no torch). A method is described by the first paragraph of its module's docstring (which names its paper); a
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.reporting import catalog
-from bench.reporting.data_command import availability, present_at
-from bench.reporting.flags import CommandParser
+from bench.commands.data_command import availability, present_at
+from bench.tables import catalog
+from bench.tables.flags import CommandParser
 from datamodules.data_home import DATA_HOME_ENV, data_home, set_data_home
 
 
@@ -52,7 +52,7 @@ def dataset_locations(home: Path, entries: dict[str, Any] | None = None) -> dict
 
 
 def scheme_descriptions(entries: dict[str, Any] | None = None) -> dict[str, str]:
-    """Partition scheme -> the first sentence of its description (bench/reporting/catalog.py)."""
+    """Partition scheme -> the first sentence of its description (bench/tables/catalog.py)."""
     entries = catalog.load()["schemes"] if entries is None else entries
     return {name: entries[name]["description"] for name in sorted(entries)}
 

@@ -1,4 +1,4 @@
-"""Where each dataset comes from: the table `fedbench data get` reads (bench/reporting/download.py).
+"""Where each dataset comes from: the table `fedbench data get` reads (bench/commands/download.py).
 
 A *fetchable* dataset lists its files (URLs, the checksums recorded for them, and where each checksum was
 published) and how they unpack into the data home, in the layout its loader reads. A *manual* dataset

@@ -20,7 +20,7 @@ from bench.assembly.config import RunConfig
 from bench.assembly.run_outputs import RunObserver, round_scalars
 from bench.core.code_version import code_version
 from bench.core.errors import FedbenchError
-from bench.reporting.columns import column_of, run_column
+from bench.tables.columns import column_of, run_column
 
 FABRIC_STEP = "trainer/global_step"  # the step key wandb's Fabric logger adds to every row it logs
 # the CSV's text columns (the others are numbers, or empty)
@@ -144,7 +144,7 @@ def exit_code(path: Path) -> int | None:
 
 def partition_key(cfg) -> str:
     """The partition as a table column names it: dirichlet-0.05, dirichlet-classwise-0.3, shards-2, iid, ...
-    (bench/reporting/columns.py's run_column, the one partition key)."""
+    (bench/tables/columns.py's run_column, the one partition key)."""
     return run_column(cfg.partition, cfg.data.client_split_file)
 
 
@@ -155,7 +155,7 @@ def run_identity(cfg, table: str | None = None, row: str | None = None, round_ru
     seed, protocol, the round rule its table reports, and whether command-line overrides (--set) changed
     it from its table config. (The method is the config's ``method.name``; these keys never shadow the
     config's option groups.)"""
-    from bench.reporting.protocols import default_round_rule
+    from bench.tables.protocols import default_round_rule
     from lightning_modules.base import METHODS
 
     cls = METHODS.get(cfg.method.name)
@@ -278,7 +278,7 @@ def wandb_observer(cfg: RunConfig, directory: str | None = None, annotations: di
 def rule_summary(record: dict, rule: str) -> dict[str, Any]:
     """The metrics at the round the run's table reports (``rule``), under their plain names, so that
     W&B's run table shows what the markdown table does, not the last round's values."""
-    from bench.reporting.protocols import select_round
+    from bench.tables.protocols import select_round
 
     entry = select_round(record.get("history") or [], rule)
     if entry is None:

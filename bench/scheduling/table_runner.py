@@ -2,11 +2,11 @@
 then render the table from the run records only.
 
 A table config (configs/tables/*.yaml) holds ``base`` (RunConfig overrides shared by every run),
-``columns`` (partition settings, bench/reporting/columns.py; ``betas: [...]`` is sugar for
+``columns`` (partition settings, bench/tables/columns.py; ``betas: [...]`` is sugar for
 Dirichlet columns), ``seeds`` (or ``folds: K`` with one seed: K-fold cross-validation, the runs repeat over
 data.fold 0..K-1 instead of over seeds, and the table's mean ± std and paired differences are over the folds),
 ``metrics``, ``round_rule`` (how global-model rows pick their round,
-bench/reporting/protocols.py) and ``rows`` (label + overrides; ``partition_independent: true`` for
+bench/tables/protocols.py) and ``rows`` (label + overrides; ``partition_independent: true`` for
 rows such as Central that do not depend on the partition: run once per seed, shown in every column;
 ``columns`` / ``betas`` for rows whose options differ per column: the row runs in those columns
 only, and rows sharing a label fill one table row). A run's partition is the base one, then the column's settings, then the row's
@@ -17,7 +17,7 @@ marks an offline stand-in for a paper's data, never compared with a paper's numb
 under the table's title, which effect the stand-in cannot show (a random-weight CLIP: no zero-shot to refine). Identical runs of different
 rows (one FedBM run shown under several ablation tables) run once and share their record.
 
-Command-line changes without editing the YAML (bench/reporting/table_overrides.py): ``--set KEY=VALUE``
+Command-line changes without editing the YAML (bench/tables/table_overrides.py): ``--set KEY=VALUE``
 on every run, ``--seeds`` / ``--rows`` subsets; ``--data-home`` (or $FEDBENCH_DATA) is the folder the
 datasets are found in by their archive names (datamodules/data_home.py). The overridden runs are
 checked like the config's own (bench/assembly/validation.py), every one before the first starts.
@@ -51,12 +51,12 @@ from bench.assembly.records import (
 from bench.core.code_version import code_version, same_code
 from bench.core.errors import FedbenchError, FedbenchWarning
 from bench.core.lifetime import first_process
-from bench.reporting.columns import columns_from, table_columns
-from bench.reporting.flags import CommandParser, options_yaml, spellings
-from bench.reporting.spec import deep_merge, run_config
-from bench.reporting.table_jobs import JOB_MEMORY_GIB, mps_on
-from bench.reporting.table_overrides import TableOverrides
-from bench.reporting.table_spec import TableSpec, load_table_config
+from bench.scheduling.table_jobs import JOB_MEMORY_GIB, mps_on
+from bench.tables.columns import columns_from, table_columns
+from bench.tables.flags import CommandParser, options_yaml, spellings
+from bench.tables.spec import deep_merge, run_config
+from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_spec import TableSpec, load_table_config
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
 DERIVED_ROW_KEYS = {"label", "average_of", "paper_method", "paper_table", "paper_setting", "paper_dataset"}
@@ -73,7 +73,7 @@ class PlannedRun:
     cfg: RunConfig
     columns: list[str]  # ids of the columns this run fills
     row: dict = field(default_factory=dict)  # the row of the table config it comes from
-    # command-line (--set) changes to its budget (bench/reporting/table_overrides.py): never comparable with a paper
+    # command-line (--set) changes to its budget (bench/tables/table_overrides.py): never comparable with a paper
     overrides: dict = field(default_factory=dict)
     fold: int | None = None  # its fold (data.fold) in a table with ``folds``
 
@@ -279,7 +279,7 @@ def build_parser() -> CommandParser:
                         help="Fabric ranks (default: the config's, else auto: one 1-thread rank per core)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each on one rank with cores/jobs threads, longest first; on GPUs worker "
-                             "i uses GPU i mod (GPU count), so several may share one (bench/reporting/table_jobs.py)")
+                             "i uses GPU i mod (GPU count), so several may share one (bench/scheduling/table_jobs.py)")
     parser.add_argument("--job-memory", type=float, default=JOB_MEMORY_GIB,
                         help="GiB of GPU memory a --jobs run needs free before it starts (it waits for them; more "
                              "workers per GPU than its memory holds is refused). Peaks at 128 px, batch 8: FedAvg 1.8, "
@@ -378,7 +378,7 @@ def main(argv: list[str]) -> int:
 def wandb_ids(r: PlannedRun) -> tuple[str, ...]:
     """The W&B ids (wandb_logger.wandb_run_id) ``r`` is logged under: the current code's, and its record's
     when that was written by other code (rendered, not rerun, with --render-only)."""
-    from bench.reporting.wandb_logger import wandb_run_id
+    from bench.tracking.wandb_logger import wandb_run_id
 
     path = find_record(r.cfg)
     try:
@@ -391,7 +391,7 @@ def wandb_ids(r: PlannedRun) -> tuple[str, ...]:
 
 def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
     """The ids of the table's train runs that W&B's files under ``directory`` already hold, finished."""
-    from bench.reporting.wandb_logger import logged
+    from bench.tracking.wandb_logger import logged
 
     return {i for r in distinct_runs(runs) for i in wandb_ids(r) if logged(directory, i)}
 
@@ -399,7 +399,7 @@ def wandb_logged(runs: list[PlannedRun], directory: str | None) -> set[str]:
 def show_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOverrides, options: str | None) -> int:
     """--dry-run / --print_config: the runs checked as a real table run checks them, then the plan (the
     command's options first with --print_config); nothing runs and nothing is written (table_plan.py)."""
-    from bench.reporting.table_plan import plan_text
+    from bench.scheduling.table_plan import plan_text
 
     if args.render_only:
         check_render_plan(runs)
@@ -416,9 +416,9 @@ def log_to_wandb(runs: list[PlannedRun], spec: TableSpec, paths: dict[str, str],
                  trained: list[PlannedRun]) -> None:
     """Every record of the table as a W&B train run, once: a run W&B held before this command
     (``in_wandb``) is skipped, one this command ran (``trained``) was logged live, any other is replayed from its
-    record (bench/reporting/wandb_logger.py log_record: what a live run would have logged, under the same
+    record (bench/tracking/wandb_logger.py log_record: what a live run would have logged, under the same
     id; nothing is rerun). Then the rendered table (a wandb.Table equal to its CSV, and its figures)."""
-    from bench.reporting.wandb_logger import log_record, log_table, replayed_rows, run_tags, wandb_run_id
+    from bench.tracking.wandb_logger import log_record, log_table, replayed_rows, run_tags, wandb_run_id
 
     project = runs[0].cfg.wandb_project
     found = [(r, load_record(path)) for r in distinct_runs(runs) if (path := find_record(r.cfg)) is not None]
@@ -506,7 +506,7 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
     --set is named as such: it is the same error in every row."""
     from bench.assembly.validation import check_writable, validate_config
     from bench.assembly.workers import rank_threads, visible_gpus
-    from bench.reporting.table_jobs import check_jobs, table_devices
+    from bench.scheduling.table_jobs import check_jobs, table_devices
     from lightning_modules.base import METHODS
 
     check_jobs(args.jobs, getattr(args, "job_memory", JOB_MEMORY_GIB),
@@ -545,8 +545,8 @@ def check_data(todo: list[PlannedRun]) -> None:
 
 def wandb_identity(r: PlannedRun, spec: TableSpec, annotations: dict | None) -> dict:
     """The W&B identity of a planned run: its table, row label, round rule, and whether --set changed it."""
-    from bench.reporting.protocols import row_protocol
-    from bench.reporting.wandb_logger import run_identity
+    from bench.tables.protocols import row_protocol
+    from bench.tracking.wandb_logger import run_identity
 
     rule = row_protocol(r.cfg, r.row, spec, f"row {r.label!r}").round
     return run_identity(r.cfg, table=spec.table, row=r.label, round_rule=rule, overridden=bool(annotations))
@@ -559,7 +559,7 @@ def execute(runs: list[PlannedRun], spec: TableSpec, args, annotations: dict | N
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from bench.assembly.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
-    from bench.reporting.wandb_logger import wandb_observer
+    from bench.tracking.wandb_logger import wandb_observer
 
     reasons = Counter()
     todo = []
@@ -583,7 +583,7 @@ def execute(runs: list[PlannedRun], spec: TableSpec, args, annotations: dict | N
         r.cfg.progress = r.cfg.progress and args.jobs <= 1
         r.cfg.wandb = r.cfg.wandb or args.wandb
     if args.jobs > 1:
-        from bench.reporting.table_jobs import run_jobs
+        from bench.scheduling.table_jobs import run_jobs
 
         run_jobs(todo, args.jobs, args.wandb_dir, f"{spec.heading} ({args.jobs} jobs)",
                  lambda r: f"row {r.label!r} {run_label(r)}", annotations, lambda r: wandb_identity(r, spec, annotations),

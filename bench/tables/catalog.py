@@ -3,7 +3,7 @@ its options, read without importing the modules that implement them (torch, Ligh
 
 `fedbench list`, `fedbench coverage` and the names a run is checked against before the training stack is
 imported read it. It is written from the real classes into ``catalog_data.py`` (``python -m
-bench.reporting.catalog --write``, or ``make catalog``) and bound to a digest of the sources of
+bench.tables.catalog --write``, or ``make catalog``) and bound to a digest of the sources of
 ``lightning_modules`` and ``datamodules``: when any of those files differs from what the catalog was written
 from (a new method, an edited docstring), ``load()`` reads the real classes instead, so it is never wrong, only
 slower; tests/test_startup.py fails until the catalog is rewritten.
@@ -75,7 +75,7 @@ def committed_or_built() -> dict[str, Any]:
     """The committed catalog when it was written from the sources as they are, else built now from the real
     classes (which imports them)."""
     try:
-        from bench.reporting.catalog_data import CATALOG
+        from bench.tables.catalog_data import CATALOG
     except ImportError:
         CATALOG = None  # no catalog written yet
     if CATALOG is not None and CATALOG.get("digest") == source_digest():
@@ -124,7 +124,7 @@ def build() -> dict[str, Any]:
 def write(path: Path = DATA_FILE) -> Path:
     """Write ``build()`` to ``path`` as a Python module (it ships with the package like any module)."""
     text = pprint.pformat(build(), width=120, sort_dicts=True)
-    path.write_text(f'"""Written by `python -m bench.reporting.catalog --write` (bench/reporting/catalog.py): do not '
+    path.write_text(f'"""Written by `python -m bench.tables.catalog --write` (bench/tables/catalog.py): do not '
                     f'edit."""\nCATALOG = {text}\n')
     return path
 
@@ -224,7 +224,7 @@ def scheme_entries() -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     if argv != ["--write"]:
-        print("usage: python -m bench.reporting.catalog --write   (rewrites bench/reporting/catalog_data.py)")
+        print("usage: python -m bench.tables.catalog --write   (rewrites bench/tables/catalog_data.py)")
         return 2
     print(f"written: {write()}")
     return 0

@@ -26,8 +26,8 @@ from bench.core.atomic_io import write_json
 from bench.core.code_version import code_version, same_code
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name
-from bench.reporting.flags import CommandParser
-from bench.reporting.spec import (
+from bench.tables.flags import CommandParser
+from bench.tables.spec import (
     RUN_KEYS,
     canonical,
     check_overrides,

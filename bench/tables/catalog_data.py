@@ -1,4 +1,4 @@
-"""Written by `python -m bench.reporting.catalog --write` (bench/reporting/catalog.py): do not edit."""
+"""Written by `python -m bench.tables.catalog --write` (bench/tables/catalog.py): do not edit."""
 CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                               'default_root': None,
                               'description': 'BT, the brain tumour MRI dataset of FACMIC: 4 classes in Training/ and '

@@ -21,7 +21,7 @@ A table run like this is not the config's budget, and nothing mistakes it for on
 - every record of the table carries its overrides (``"overrides"``);
 - every run changed by a budget override is never compared with a paper's number: its paper column says
   ``not comparable: its runs were changed on the command line (--set fed.rounds=2)``
-  (bench/reporting/protocols.py);
+  (bench/tables/protocols.py);
 - the rendered table is written as ``reduced/<table>_<dataset>__<what was reduced>.{md,csv,json}`` under
   the tables folder (``set-fed.rounds=2_seeds-0_rows-FedAvg,FedBM``; other characters become ``-`` and a
   hash is added), and its title and notes say what was changed.
@@ -47,7 +47,7 @@ from bench.assembly.option_types import describe, matches
 from bench.core.errors import FedbenchError
 
 if TYPE_CHECKING:
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
 # the table's own axes and flags: not settable with --set (the message says what to use instead)
 RESERVED = {

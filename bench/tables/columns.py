@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from bench.core.errors import FedbenchError
 
 if TYPE_CHECKING:
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
 _NUMBER = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
 _PATTERNS = (

@@ -1,6 +1,6 @@
 """A PNG of the dashboard's panels drawn from a table's run records, offline (`fedbench dashboard --preview`):
 what the W&B workspace shows once the runs are logged, from the same data (each record's per-round scalars
-as bench/reporting/wandb_logger.py logs them, and its summary at the table's round rule).
+as bench/tracking/wandb_logger.py logs them, and its summary at the table's round rule).
 
 One row of panels per metric: its curve over rounds per β (a line per table row, mean ± std over seeds)
 and the round-rule summary per row (bars per β); a last row with round seconds, bytes up and train loss.
@@ -17,7 +17,7 @@ from bench.core.atomic_io import atomic_write
 from bench.core.errors import FedbenchError
 
 if TYPE_CHECKING:
-    from bench.reporting.table_spec import TableSpec
+    from bench.tables.table_spec import TableSpec
 
 COST = ["time/round_seconds", "comm/bytes_up", "train/loss"]
 
@@ -35,8 +35,8 @@ class LoggedRun:
 def logged_runs(spec: TableSpec, runs: list) -> list[LoggedRun]:
     """Every planned run that has a record, as its W&B run would hold it (runs without one are left out)."""
     from bench.assembly.records import find_record, load_record
-    from bench.reporting.table_runner import wandb_identity
-    from bench.reporting.wandb_logger import replayed_rows, rule_summary
+    from bench.scheduling.table_runner import wandb_identity
+    from bench.tracking.wandb_logger import replayed_rows, rule_summary
 
     out = []
     for r in runs:
