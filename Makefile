@@ -120,7 +120,7 @@ bench-startup: install
 	$(OFFLINE) $(BIN)/python -m bench.perf.perf_startup $(ARGS)
 
 # Rewrite bench/tables/catalog_data.py (what `fedbench list`/`coverage` read without importing the methods)
-# after a method, dataset or partition scheme changed; tests/test_startup.py says when it is out of date
+# after a method, dataset or partition scheme changed; tests/commands/test_startup.py says when it is out of date
 catalog: install
 	$(OFFLINE) $(BIN)/python -m bench.tables.catalog --write
 

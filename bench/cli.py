@@ -273,7 +273,7 @@ def console_main() -> None:
     code = main()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    gc.freeze()  # the final collections skip every object alive now (tests/test_startup.py)
+    gc.freeze()  # the final collections skip every object alive now (tests/commands/test_startup.py)
     sys.exit(code)
 
 

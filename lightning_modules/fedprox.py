@@ -5,7 +5,7 @@ The proximal term is an objective term (``ProximalTerm``, option ``mu``), so it 
 
 The term runs as a handful of foreach ops per step (``ProximalLoss``), not three ops per parameter:
 its gradient mu (w - w_global) is bit-identical to the one autograd took through the per-parameter
-formula (tests/test_launch_counts.py); its value, which is only logged, is (mu / 2) times the sum of
+formula (tests/methods/test_launch_counts.py); its value, which is only logged, is (mu / 2) times the sum of
 the squared per-parameter norms (within float rounding of the per-parameter sums).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ name map; every timm tensor must receive exactly one file tensor of the same sha
 
 timm's ``efficientnet_lite0`` pads symmetrically; the checkpoint was trained with TensorFlow's
 'same' padding (timm's ``tf_efficientnet_lite0``). ``tf_padding=True`` builds the latter; the
-default follows the suite's backbone name (see ``tests/test_fednpr.py`` for both classifying real
+default follows the suite's backbone name (see ``tests/methods/test_fednpr.py`` for both classifying real
 photographs correctly).
 """
 from __future__ import annotations

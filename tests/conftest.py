@@ -28,6 +28,12 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+# The test folders mirror the packages (tests/engine for bench/engine, tests/methods for lightning_modules ...).
+# A test module may reuse another's fixtures across folders (``from test_tables import fake_record``): every
+# folder is importable as pytest's rootdir-relative "prepend" mode makes each file's own folder. Test file
+# names stay unique across the folders (pytest refuses two modules of one name in this mode).
+sys.path[1:1] = [str(d) for d in sorted(TESTS.iterdir()) if d.is_dir() and any(d.glob("test_*.py"))]
 
 
 @pytest.fixture

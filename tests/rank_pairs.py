@@ -128,7 +128,7 @@ _all_methods_cases()
 def launch_two_ranks(root: Path) -> dict[str, Path]:
     """Every case's 2-rank run, one launch per precision; returns case -> its record path (the .json; the
     final state is the .pt beside it). A sitecustomize hook counts the ranks Fabric's launcher started
-    (the positive control of tests/test_bad_files.py's "no rank was started")."""
+    (the positive control of tests/assembly/test_bad_files.py's "no rank was started")."""
     from conftest import rank_marking_env
 
     from bench.assembly.records import record_path

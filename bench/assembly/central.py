@@ -4,7 +4,7 @@ Central trains for rounds x local_epochs epochs with one optimizer; epoch e sees
 learning rate and global torch seed of client 0's single local epoch in round e of a federation.
 So the Federation runs it as it is: one client (all training samples), rounds' = rounds x
 local_epochs rounds of one local epoch each, the client's optimizer state carried over between
-rounds. FedAvg with one client and one local epoch per round equals Central (tests/test_core_equivalences.py).
+rounds. FedAvg with one client and one local epoch per round equals Central (tests/engine/test_core_equivalences.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 - **torchrun**, also torchrun started by srun with one task per node that sees all of its node's GPUs
   (``srun torchrun --nnodes $SLURM_NNODES --nproc-per-node 4 ...``): Lightning's own choice, its
-  TorchElasticEnvironment (it prefers torchrun's variables over SLURM's; tests/test_cluster_layouts.py).
+  TorchElasticEnvironment (it prefers torchrun's variables over SLURM's; tests/assembly/test_cluster_layouts.py).
 - **srun with one task per GPU, each task seeing only its own GPU** (``--gpus-per-task=1``, or a GPU
   binding): Lightning maps local rank i to ``cuda:i``, which such a task cannot see, and it requires
   ``devices`` = tasks per node while the task sees one device. Here every task is a "node" of one

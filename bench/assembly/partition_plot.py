@@ -2,7 +2,7 @@
 partition) and by the tables (bench/reporting/plots.py).
 
 It sits in run assembly rather than in bench/reporting because bench.assembly.experiment draws it and the round
-core imports nothing above itself (tests/test_layering.py); datamodules only computes partitions.
+core imports nothing above itself (tests/core/test_layering.py); datamodules only computes partitions.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ rank 0 itself, so that no rank hangs in a collective. Ctrl-C reaches the termina
 every rank stops with status 130 (143 for SIGTERM) and rank 0 is already ending by itself, with its one
 line and its exit status. When the poll fell between rank 1's exit and rank 0's, the watcher SIGKILLed
 rank 0: status -9 and Fabric's "Forcefully terminating all other processes to avoid zombies" instead of
-130 (seen in `make test`: tests/test_process_lifetime.py's Ctrl-C test).
+130 (seen in `make test`: tests/assembly/test_process_lifetime.py's Ctrl-C test).
 
 ``GraceForInterrupted`` is the verdict of a watcher polling every ``POLL_S``; it treats ranks that ended interrupted (130 or 143 from
 fedbench's handler, or killed by SIGINT/SIGTERM itself: -2, -15, e.g. while still importing) apart: rank 0

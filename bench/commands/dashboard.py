@@ -188,7 +188,7 @@ def report(view: TableView, entity: str, online: bool = True):
 
 def specs(view: TableView, entity: str) -> dict[str, dict]:
     """The workspace's and the report's specs as W&B stores them (JSON-ready; no network). ``_to_model``
-    is the package's private serializer: requirements.lock pins the version, tests/test_dashboard.py
+    is the package's private serializer: requirements.lock pins the version, tests/tracking/test_dashboard.py
     covers it."""
     return {"workspace": json.loads(workspace(view, entity)._to_model().model_dump_json(by_alias=True)),
             "report": json.loads(report(view, entity, online=False)._to_model().model_dump_json(by_alias=True))}

@@ -13,7 +13,7 @@ into that data home is checked against it. Nothing here is computed by this proj
 invented.
 
 The name a fetchable dataset unpacks to (``target``) is the first of its data module's ``home_entries``
-(tests/test_data_get.py checks the two tables agree).
+(tests/commands/test_data_get.py checks the two tables agree).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ first checks the installed major version against the ones fedbench was tested wi
 bounds in pyproject.toml; the exact versions in requirements.lock) and then looks the name up,
 failing with one FedbenchError that names the library, the version and the fix, instead of an
 AttributeError deep in a run. ``check()`` resolves every name at once: a run calls it before it
-starts (bench/assembly/experiment.py make_fabric). tests/test_compat.py checks that no other module of
+starts (bench/assembly/experiment.py make_fabric). tests/core/test_compat.py checks that no other module of
 bench, datamodules or lightning_modules uses a private torch or Lightning name.
 
 The names:
@@ -26,7 +26,7 @@ The names:
   that importing Lightning, which imports torchmetrics, does not also import torchvision and transformers for
   image and text metrics fedbench never computes (issue 41: about 2 s of every process's start). Unlike the
   names above this one degrades instead of failing: with another torchmetrics major version, or a flag gone,
-  the imports are only slower (tests/test_compat.py says when a flag is gone).
+  the imports are only slower (tests/core/test_compat.py says when a flag is gone).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ inputs 1-32 px, channels-first and channels_last), the gradient does not depend 
 Such a run is refused before its rounds, naming the layers, on every CPU (a run accepted on one machine and
 refused on another would make a config's validity depend on where it runs): the convolution's output is
 garbage on the machines that have the kernels, and there is no cheaper honest fix than float32 or a larger
-image. tests/test_bf16_cause.py holds the measurement and the refusal.
+image. tests/assembly/test_bf16_cause.py holds the measurement and the refusal.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ bench.cli``), ``--repeats`` times; the median of each measure is reported:
 
 Limits: help, argument errors, ``list`` and ``coverage`` exit within 1.5 s wall; ``run`` and ``table`` print
 their first line within 2 s. A quiet machine is assumed for these: on a busy one, read the CPU ratios.
-``--cheap`` (tests/test_startup.py) runs the import-free commands once and checks only their CPU ratios (help,
+``--cheap`` (tests/commands/test_startup.py) runs the import-free commands once and checks only their CPU ratios (help,
 errors, list: at most 0.5 of importing torch; coverage, which plans every table: at most 1.0); the commands that
 start a run or a table are left out.
 

@@ -6,7 +6,7 @@ imported read it. It is written from the real classes into ``catalog_data.py`` (
 bench.tables.catalog --write``, or ``make catalog``) and bound to a digest of the sources of
 ``lightning_modules`` and ``datamodules``: when any of those files differs from what the catalog was written
 from (a new method, an edited docstring), ``load()`` reads the real classes instead, so it is never wrong, only
-slower; tests/test_startup.py fails until the catalog is rewritten.
+slower; tests/commands/test_startup.py fails until the catalog is rewritten.
 
     methods   name -> module, description (the paper, one line), options (method.args with their defaults),
               protocol (its default evaluation), runs_centrally

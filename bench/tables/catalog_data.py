@@ -111,7 +111,7 @@ CATALOG = {'datasets': {'brain-tumor': {'classes': 4,
                                                'skin-cancer'],
                               'module': 'datamodules.class_folder',
                               'needs_root': False}},
- 'digest': 'ed82d822fcab974bc1c6293420423459d7a4c778',
+ 'digest': '0733f10473e0a75323cddf2acc4ea09345760858',
  'methods': {'balancefl': {'description': 'BalanceFL (Shuai et al., "BalanceFL: Addressing Class Imbalance in '
                                           'Long-Tail Federated Learning", IPSN ...',
                            'module': 'lightning_modules.balancefl',

@@ -96,7 +96,7 @@ def diversity_loss(images: torch.Tensor, z: torch.Tensor, labels: torch.Tensor, 
 def batched_diversity_loss(flat_x: torch.Tensor, flat_z: torch.Tensor, labels: torch.Tensor, num_classes: int,
                            eps: float = 1e-5) -> torch.Tensor:
     """``diversity_loss`` over all pairs at once (GPU): the same sum up to float rounding
-    (tests/test_gpu_paths.py), with nothing read back to the host."""
+    (tests/perf/test_gpu_paths.py), with nothing read back to the host."""
     d_x = torch.cdist(flat_x, flat_x, p=1)
     d_z = torch.cdist(flat_z, flat_z, p=1).clamp_min(1e-12)
     n = len(labels)

@@ -73,7 +73,7 @@ class ConceptDistribution:
         if labels.device.type != "cpu":  # one batched product: no per-class unique()/mask read back per step
             return self.mu[labels] + torch.bmm(self.chol[labels], noise.unsqueeze(-1)).squeeze(-1)
         # on the CPU the per-class products the regression references were measured with (same values up
-        # to float rounding; tests/test_gpu_paths.py)
+        # to float rounding; tests/perf/test_gpu_paths.py)
         z = self.mu[labels].clone()
         for c in labels.unique():
             rows = labels == c

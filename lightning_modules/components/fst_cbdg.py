@@ -98,7 +98,7 @@ class SigmaTracker:
     recomputes only its own rows (``update``), so a step costs O(batch x D) instead of O(n x D): a gather,
     a normalisation and three passes over all n features per step before (about 0.7 s of CPU per step
     for 48,000 samples at D = 512). The same bits as recomputing everything: a row's sum over D does not
-    depend on how many rows are summed with it (tests/test_clip_components.py checks the sigma after each of
+    depend on how many rows are summed with it (tests/methods/test_clip_components.py checks the sigma after each of
     a sequence of updates against the formula recomputed over all n features: equal, not close)."""
 
     def __init__(self, image_feats: torch.Tensor, text_feats: torch.Tensor, pseudo_labels: torch.Tensor) -> None:

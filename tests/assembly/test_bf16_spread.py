@@ -4,7 +4,7 @@ FedAvg, ResNet-18 at 32 px, 2 iid clients, 3 rounds, on Kvasir-layout images of 
 class (bench/perf/gpu_bench.py's generator: no two images alike), channels_last. Not 16 px: there
 layer4.0.conv1 sees a 1x1 input, the shape whose bf16 weight gradient oneDNN computes from uninitialised
 memory on AVX-512 CPUs (this test got NaN weights there at 16 px); such a run is now refused
-(tests/test_bf16_cause.py). Measured 2026-11-28, mean training loss over the 3 rounds:
+(tests/assembly/test_bf16_cause.py). Measured 2026-11-28, mean training loss over the 3 rounds:
 
 | kernels | float32 seeds 0 / 1 / 2 (range) | bf16-mixed seeds 0 / 1 | bf16 - float32, seed 0 |
 | --- | --- | --- | --- |
@@ -24,7 +24,7 @@ from bench.cli import main
 from bench.perf.gpu_bench import write_kvasir
 
 pytestmark = pytest.mark.slow
-SIZE = 32  # at 16 px layer4.0.conv1 sees 1x1: refused on the CPU under bf16 (tests/test_bf16_cause.py)
+SIZE = 32  # at 16 px layer4.0.conv1 sees 1x1: refused on the CPU under bf16 (tests/assembly/test_bf16_cause.py)
 
 
 def mean_train_loss(tmp_path: Path, root: Path, precision: str, seed: int) -> float:

@@ -148,7 +148,7 @@ def test_every_torchmetrics_extra_flag_skipped_is_one_torchmetrics_defines():
 def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
     """In this pytest process conftest skipped the extras before Lightning came in: the flags read False, and
     the one torchmetrics function fedbench calls (multiclass_auroc, bench/engine/metrics.py) gives its hand-computed
-    value. (That a run then imports no torchvision: tests/test_startup.py, in a process of its own.)"""
+    value. (That a run then imports no torchvision: tests/commands/test_startup.py, in a process of its own.)"""
     import torch
     import torchmetrics.utilities.imports as flags
     from torchmetrics.functional.classification import multiclass_auroc

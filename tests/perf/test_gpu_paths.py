@@ -133,7 +133,7 @@ def _report_gpu(threads, gpus, slot, parent, queue):
 def test_each_jobs_worker_sees_only_its_own_gpu():
     """Three spawned workers set up as `fedbench table --jobs 3` sets them up (the same initializer and shared
     slot counter), with GPUs 4 and 7: each sees exactly one of them as its only CUDA device, two on GPU 4 and one
-    on GPU 7 (more jobs than GPUs share them round-robin, issue 42; the unit test is tests/test_jobs_gpu.py)."""
+    on GPU 7 (more jobs than GPUs share them round-robin, issue 42; the unit test is tests/scheduling/test_jobs_gpu.py)."""
     context = multiprocessing.get_context("spawn")
     slot, queue = context.Value("i", 0), context.Queue()
     gpus = job_gpus(3, ["4", "7"])
@@ -303,7 +303,7 @@ def test_loop_probe_measures_the_gpu_when_there_is_one(monkeypatch):
 def test_facmic_lmmd_reads_nothing_back_from_the_device():
     """Under fake CUDA tensors an op that must read device data (``.item()``, bincount's output size)
     raises; FACMIC's LMMD, computed every local step, now runs through: no host sync per step. Its
-    value is unchanged (tests/test_clip_components.py checks it against the per-class formula)."""
+    value is unchanged (tests/methods/test_clip_components.py checks it against the per-class formula)."""
     from lightning_modules.components.clip_losses import lmmd_loss
     from lightning_modules.facmic import LMMD_VARIANTS, facmic_domain_loss
 

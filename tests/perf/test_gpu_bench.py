@@ -1,6 +1,6 @@
 """`make gpu-bench`'s arithmetic (issue 42, item 6): a row's projected cost from its record's rounds, and the
 table's projected time from the rows' costs and the speedup of K runs at once. Its CPU run is in
-tests/test_gpu_paths.py."""
+tests/perf/test_gpu_paths.py."""
 from __future__ import annotations
 
 from collections import Counter

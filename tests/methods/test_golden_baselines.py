@@ -25,7 +25,7 @@ from bench.core.batches import DeviceData
 from bench.engine.aggregation import RoundBuffer
 from lightning_modules.base import ClientContext
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 T = torch.float64
 
 

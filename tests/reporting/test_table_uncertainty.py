@@ -114,7 +114,7 @@ def test_table2_paired_columns_match_the_hand_computation(table2):
     rep = cells[("FedRep (per-client)", 0.05, "accuracy")]
     assert rep["paired"] is None and rep["paired_note"] == "not comparable: per_client evaluation"
     md = Path(paths["md"]).read_text()
-    # each row without the ids of its departures (tests/test_departures.py checks those)
+    # each row without the ids of its departures (tests/reporting/test_departures.py checks those)
     lines = {line.split(" | ")[0][2:]: line for line in re.sub(r" <sup>[^<]*</sup>", "", md).splitlines()
              if line.startswith("| ")}
     assert lines["FedBM"].startswith(f"| FedBM | **50.33 ± 3.79** | +5.33 [{hand.ci_low:+.2f}, {hand.ci_high:+.2f}] * |")

@@ -10,7 +10,7 @@ import pytest
 
 from bench.reporting.paper_numbers import CELL_KEYS, PAPERS, load_paper_numbers, lookup
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / "results" / "paper"
 PAPER_FILES = {"fedcb": "fedcb-miccai2024.txt", "fedbm": "fedbm-tmi.txt", "fednpr": "fednpr.txt",
                "facmic": "facmic-miccai2024.txt", "fstcbdg": "fst-cbdg.txt"}
@@ -21,7 +21,7 @@ PARTITION_RE = re.compile(r"^(iid|natural|none|average|dirichlet-classwise|diric
 
 
 def papers_dir() -> Path | None:
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "papers"]
+    candidates = [Path(__file__).resolve().parents[3] / "shared" / "papers"]
     if os.environ.get("FEDBENCH_PAPERS"):
         candidates.append(Path(os.environ["FEDBENCH_PAPERS"]))
     for c in candidates:

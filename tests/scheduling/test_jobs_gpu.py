@@ -1,7 +1,7 @@
 """`fedbench table --jobs K` on GPUs without a GPU (issue 42, item 1; bench/scheduling/table_jobs.py): K workers
 spread round-robin over G faked GPUs, the runs started longest first, the GPU memory refusal before the pool
 starts and the wait before a run (torch.cuda's memory queries faked), and the CUDA MPS note. That K workers
-give the records of one process is tests/test_table_jobs.py's (end to end, slow)."""
+give the records of one process is tests/scheduling/test_table_jobs.py's (end to end, slow)."""
 from __future__ import annotations
 
 import multiprocessing

@@ -17,7 +17,7 @@ def every_file(root) -> set[str]:
 
 
 def table_named(tmp_path, key: str, value: str) -> list[str]:
-    """A tiny table config (tests/test_table_checks.py) whose ``key`` (table or dataset) is ``value``; the
+    """A tiny table config (tests/tables/test_table_checks.py) whose ``key`` (table or dataset) is ``value``; the
     config lives three folders down so that '../../../x' stays inside tmp_path."""
     work = tmp_path / "a" / "b" / "c"
     work.mkdir(parents=True)

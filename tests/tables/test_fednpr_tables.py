@@ -32,7 +32,7 @@ def test_table3_has_every_method_scored_per_client(dataset):
     for printed, method in TABLE3_METHODS.items():
         assert by_paper_name.get(printed) == {method}, (dataset, printed, by_paper_name.get(printed))
     if dataset != "fashion-mnist":
-        # the paper's five-fold cross-validation: one run per fold, each with seed 0 (tests/test_folds.py)
+        # the paper's five-fold cross-validation: one run per fold, each with seed 0 (tests/tables/test_folds.py)
         assert spec.round_rule == "max-test-bacc" and spec.folds == 5 and spec.seeds == (0,)
         assert sorted({r.cfg.data.fold for r in runs}) == [0, 1, 2, 3, 4]
 

@@ -3,7 +3,7 @@
 code (default): the masked source features against the UNMASKED target features, both L2-normalised;
        DSAN's five kernels exp(-d / (b 2^(i-2))), i = 0..4, b the mean off-diagonal squared distance;
        soft target weights; average over the classes present on both sides (utils/training.py,
-       adaptation.py; tests/test_golden_facmic.py checks it against the code's own numbers).
+       adaptation.py; tests/methods/test_golden_facmic.py checks it against the code's own numbers).
 text:  x = I: the unmasked features on both sides; one Gaussian kernel k(a, b) = exp(-||a - b||^2 / m),
        m the median squared distance over the off-diagonal pairs of the joint batch; hard (argmax)
        target labels; sum over the classes present on both sides, divided by K (Eq. 5-6, Sec. 2.2, 3.2).

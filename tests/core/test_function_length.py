@@ -3,7 +3,7 @@ lightning_modules/ has at most 60 lines, counted from its `def` to its last line
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LIMIT = 60
 
 

@@ -78,7 +78,7 @@ def parse(argv: list[str], tmp_path) -> None:
 
 
 def test_the_readme_shows_commands():
-    """The README starts with the 1-minute run (tests/test_readme_quickstart.py runs it), then the two commands."""
+    """The README starts with the 1-minute run (tests/docs/test_readme_quickstart.py runs it), then the two commands."""
     commands = readme_commands(("README.md",))
     assert [words(c)[:2] for c in commands[:3]] == [["make", "quick"], ["make", "table2"], ["make", "test"]]
     assert len(readme_commands()) >= 12

@@ -85,5 +85,5 @@ def test_default_layouts_of_one_and_two_ranks_give_the_same_fedbm_run(tiny_cfg):
     assert [h["metrics"] for h in one["history"]] == [h["metrics"] for h in two["history"]]
     diff = max_state_diff(load_final_state(tiny_cfg(**common, experiment="one", devices=1)),
                           load_final_state(tiny_cfg(**common, experiment="two", devices=2)))
-    assert diff <= 1e-6, f"1 vs 2 ranks in their default layouts differ by {diff}"  # as tests/test_rank_invariance.py
+    assert diff <= 1e-6, f"1 vs 2 ranks in their default layouts differ by {diff}"  # as tests/engine/test_rank_invariance.py
     assert len(one["history"]) == 3 and all(len(h["clients"]) == 3 for h in one["history"])

@@ -28,7 +28,7 @@ from lightning_modules.components.concept_distributions import ConceptDistributi
 from lightning_modules.components.lkcc import lkcc_logits, lkcc_surrogate_loss
 from lightning_modules.fedcb import LKCCHead
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 F64 = {"rel": 1e-12, "abs": 1e-12}
 F32 = {"rtol": 2e-6, "atol": 2e-6}
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])

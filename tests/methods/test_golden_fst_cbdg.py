@@ -8,7 +8,7 @@ Noise of Eq. 5: the standard normal draws are torch's ``randn`` on a CPU generat
 entry's seed, float32, one [N, D] block per draw (N = sum_k n_k, rows grouped by class in label order);
 this fixes which draws the formula and our code use, nothing else.
 
-Regenerate (only if the formula code itself is corrected): ``python tests/test_golden_fst_cbdg.py --write``.
+Regenerate (only if the formula code itself is corrected): ``python tests/methods/test_golden_fst_cbdg.py --write``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from lightning_modules.components.fst_cbdg import (
     update_soft_labels,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "fst-cbdg.json"
+GOLDEN = Path(__file__).parents[1] / "golden" / "fst-cbdg.json"
 PAPER = "Yan & Guo 2024, FST-CBDG (shared/papers/fst-cbdg.txt); no public code"
 
 
@@ -153,7 +153,7 @@ def write() -> None:
                                  "seeded with `seed` for all draws; q persists between iterations",
     }
     record = {"method": "fst-cbdg", "source": PAPER, "public_code": None,
-              "computed_by": "the formula code in tests/test_golden_fst_cbdg.py (numpy, float64)",
+              "computed_by": "the formula code in tests/methods/test_golden_fst_cbdg.py (numpy, float64)",
               "entries": entries, "inputs": inp, "outputs": compute(inp)}
     GOLDEN.parent.mkdir(exist_ok=True)
     GOLDEN.write_text(json.dumps(record, indent=1) + "\n")

@@ -3,7 +3,7 @@
 The federation checks every client's model after its local training and, once a round, the aggregated global
 state after the server step (one isfinite reduction each, never per step). Under bf16-mixed the error names
 a zero-variance BatchNorm batch amplifying bf16 rounding as a possible cause and --precision 32-true (the CPU's
-oneDNN case that sent real runs to NaN is refused before the rounds, tests/test_bf16_cause.py). Faults are
+oneDNN case that sent real runs to NaN is refused before the rounds, tests/assembly/test_bf16_cause.py). Faults are
 injected here.
 """
 from __future__ import annotations
