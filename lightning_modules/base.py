@@ -13,7 +13,8 @@ A round, for each sampled client (on the rank that owns it):
     evaluate_client(ctx, evaluate)            per-client protocols only: score this client's model
     -> the shared state (weighted) and ctx.uploads go into the round's one buffer
 
-then, on every rank after the all-reduce: server_step(global_state, summed uploads, round).
+then, on every rank after the all-reduce, the method's server part (``module.server_side``, a ServerPart:
+lightning_modules/server_part.py): server_side.step(global_state, summed uploads, round, server).
 
 Where a method says what it does:
   training_step(batch)        the loss of a batch when it needs nothing of the client (FedAvg: CE)
@@ -29,13 +30,10 @@ Where a method says what it does:
   on_client_end(ctx)          after local training, with the trained model loaded
   evaluate_client(ctx, eval)  per-client protocol: personalise, evaluate, restore (FedBABU)
   global_logits(x)            the global protocol's scores (default eval_logits; FedRoD: its generic head)
-  upload_shapes()             shapes of the extra uploads (the same on every rank)
-  server_step(..., server)    after aggregation, identical inputs on every rank; ``server`` (a
-                              ServerContext) runs work once on rank 0 and broadcasts it (FedBM's generator)
-  server_state() / load_server_state()   server state beyond the model, for checkpoints
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
   feature_loss(ctx)           the loss on pooled features that objective terms add to (default: CE of the head)
-Parts, not base classes: ``objective_terms`` (ObjectiveTerm: NPR, FedProx's proximal term, MOON's
+Parts, not base classes: the server side is a ServerPart the module holds (``server_side``: its upload
+shapes, server step, per-round scalars and checkpointed state); ``objective_terms`` (ObjectiveTerm: NPR, FedProx's proximal term, MOON's
 model-contrastive term, FedNTD's distillation) each bring options and a loss added by ``feature_objective``;
 ``compose`` registers a host class (an algorithm on a model: FedBABU, the CLIP fine-tune, the CLIP linear
 probe) with terms as a new method without writing a class.
@@ -74,6 +72,7 @@ from bench.core.batches import DeviceData, EpochBatches
 from bench.core.errors import FedbenchError
 from bench.core.registry import Registry
 from lightning_modules.backbones import GRAY_STEMS, build_backbone, fresh_gray_stem
+from lightning_modules.server_part import ServerContext, ServerPart  # noqa: F401 (ServerContext: methods, engine)
 
 METHODS: Registry[type[FederatedModule]] = Registry("method", "lightning_modules")
 
@@ -214,25 +213,6 @@ def run_epochs(batches: ClientBatches, epochs: int, objective: Objective, optimi
     return seen
 
 
-@dataclass(frozen=True)
-class ServerContext:
-    """What a method's server side is given besides the round's inputs (the server's counterpart of
-    ClientContext, passed to ``server_step`` and ``load_server_state``): ``num_clients`` in the federation;
-    ``is_server``, True on the rank that runs once-only work (rank 0); ``broadcast(obj)``, that rank's
-    ``obj`` on every rank."""
-
-    num_clients: int
-    is_server: bool = True
-    broadcast: Callable[[Any], Any] = lambda obj: obj
-
-
-def require_server(server: ServerContext | None, method: str) -> ServerContext:
-    """``server``, or an error naming the method whose server step needs it (the number of clients)."""
-    if server is None:
-        raise FedbenchError(f"{method}'s server step needs its ServerContext (the federation's number of clients).")
-    return server
-
-
 def needs_loss_scaling(precision: str, device: torch.device) -> bool:
     """Whether local training at ``precision`` on ``device`` needs a loss scaler: float16 autocast
     ("16-mixed") off the CPU. (On the CPU Fabric runs "16-mixed" as bfloat16, whose range needs none.)"""
@@ -340,6 +320,7 @@ class FederatedModule(L.LightningModule):
         elif gray_stem != "sum":
             raise FedbenchError(f"method.gray_stem must be one of {list(GRAY_STEMS)}, got {gray_stem!r}.")
         self.head = self.build_head()
+        self.server_side: ServerPart = ServerPart(self)  # a method with a server step sets its own part
 
     @classmethod
     def term_option_names(cls) -> set[str]:
@@ -484,7 +465,7 @@ class FederatedModule(L.LightningModule):
         the two must be told. Stored in the record and shown in tables (bench/engine/health.py)."""
         return []
 
-    # ---- federated shape and server ------------------------------------------------------
+    # ---- federated shape -----------------------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
         """Runs once before the first round, on every rank, with the device-resident splits;
         returns the (train, val, test) the rounds use. Frozen-encoder methods return cached
@@ -500,28 +481,3 @@ class FederatedModule(L.LightningModule):
 
     def personal_keys(self) -> list[str]:
         return [k for k in self.state_dict() if matches_prefix(k, self.personal_prefixes)]
-
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Shapes of the extra uploads, known on every rank (they share the one all-reduce)."""
-        return {}
-
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
-        """Runs on every rank after aggregation, with identical inputs; may edit global_state in place.
-        ``server`` (the orchestrator always gives it; None: a single process, as in unit tests) says how
-        many clients the federation has, and work that should run once (FedBM's generator training)
-        runs where ``server.is_server`` and reaches the other ranks through ``server.broadcast``."""
-
-    def round_scalars(self, round_idx: int) -> dict[str, float]:
-        """Method-specific numbers worth a curve (FedBM's generator loss, Scaffold's control-variate norm),
-        read once per round after ``server_step`` on every rank (identical there); logged as ``method/<name>``
-        in the history and W&B. Default: none."""
-        return {}
-
-    def server_state(self) -> dict[str, torch.Tensor]:
-        """Server-side state beyond the global model (checkpointed)."""
-        return {}
-
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
-        pass
-

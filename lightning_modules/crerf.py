@@ -35,8 +35,9 @@ from torch import nn
 
 from bench.core.errors import FedbenchError
 from bench.core.seeding import SERVER, derive_seed, torch_generator
-from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
 from lightning_modules.components.client_features import evaluating
+from lightning_modules.server_part import ServerContext, ServerPart
 
 GRAD_W, GRAD_B, HOLDERS = "crerf_grad_w", "crerf_grad_b", "crerf_holders"
 
@@ -83,14 +84,11 @@ class CReRF(FederatedModule):
         k, m = self.num_classes, features_per_class
         self.register_buffer("federated_features", torch.randn(k * m, self.feature_dim, generator=gen))
         self.register_buffer("federated_labels", torch.arange(k).repeat_interleave(m), persistent=False)
+        self.server_side = CReRFServer(self)
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Evaluation uses the server's re-trained classifier on the global model's features."""
         return self.retrained_head(self.features(x))
-
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        k, d = self.num_classes, self.feature_dim
-        return {GRAD_W: (k, k, d), GRAD_B: (k, k), HOLDERS: (k,)}
 
     # ---- client ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -163,25 +161,38 @@ class CReRF(FederatedModule):
         self.retrained_head.weight.copy_(weight)
         self.retrained_head.bias.copy_(bias)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
+
+class CReRFServer(ServerPart):
+    """CReRF's server side: feature matching and the classifier re-trained on the federated features,
+    both kept on the model (frozen: ``federated_features``, ``retrained_head``, which evaluation uses)."""
+
+    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
+        m = self.module
+        k, d = m.num_classes, m.feature_dim
+        return {GRAD_W: (k, k, d), GRAD_B: (k, k), HOLDERS: (k,)}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        m = self.module
         holders = extras[HOLDERS]
         seen = holders > 0
         if not bool(seen.any()):
             return
-        scale = (1.0 / holders.clamp(min=1)).to(self.federated_features.dtype)
-        real_w = extras[GRAD_W].to(self.federated_features.dtype) * scale.view(-1, 1, 1)
-        real_b = extras[GRAD_B].to(self.federated_features.dtype) * scale.view(-1, 1)
+        scale = (1.0 / holders.clamp(min=1)).to(m.federated_features.dtype)
+        real_w = extras[GRAD_W].to(m.federated_features.dtype) * scale.view(-1, 1, 1)
+        real_b = extras[GRAD_B].to(m.federated_features.dtype) * scale.view(-1, 1)
         with torch.enable_grad():
-            self.match_features(real_w, real_b, seen)
-        self.retrain_classifier(round_idx)
+            m.match_features(real_w, real_b, seen)
+        m.retrain_classifier(round_idx)
 
-    def server_state(self) -> dict[str, torch.Tensor]:
-        return {"features": self.federated_features.clone(), "weight": self.retrained_head.weight.detach().clone(),
-                "bias": self.retrained_head.bias.detach().clone()}
+    def state(self) -> dict[str, torch.Tensor]:
+        m = self.module
+        return {"features": m.federated_features.clone(), "weight": m.retrained_head.weight.detach().clone(),
+                "bias": m.retrained_head.bias.detach().clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
-        self.federated_features.copy_(state["features"])
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
+        m = self.module
+        m.federated_features.copy_(state["features"])
         with torch.no_grad():
-            self.retrained_head.weight.copy_(state["weight"])
-            self.retrained_head.bias.copy_(state["bias"])
+            m.retrained_head.weight.copy_(state["weight"])
+            m.retrained_head.bias.copy_(state["bias"])

@@ -1,7 +1,7 @@
 """FedBM (Zhu et al., "FedBM: Stealing Knowledge from Pre-trained Language Models for Heterogeneous
 Federated Learning", IEEE TMI 2025) = FedCB's LKCC + CGDE (a concept-conditioned generator).
 
-Server (``server_step``, after aggregation): in the rounds r (0-based) with
+Server (FedBMServer.step, after aggregation): in the rounds r (0-based) with
     r + 1 >= gen_start  and  (r + 1 - gen_start) % gen_every == 0
 rank 0 trains the generator G for ``gen_steps`` Adam steps (lr ``gen_lr``, betas 0.5/0.999, a
 fresh optimizer each time as in the public code; G itself persists) against the frozen global
@@ -51,7 +51,7 @@ from torch import nn
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError
 from bench.core.seeding import AUGMENT, METHOD, SERVER, derive_seed
-from lightning_modules.base import METHODS, Batch, ClientContext, Objective, ServerContext
+from lightning_modules.base import METHODS, Batch, ClientContext, Objective
 from lightning_modules.components.cgde_generator import (
     ConceptGenerator,
     augment_generated,
@@ -60,6 +60,7 @@ from lightning_modules.components.cgde_generator import (
 )
 from lightning_modules.components.concept_distributions import ConceptDistribution
 from lightning_modules.fedcb import FedCB
+from lightning_modules.server_part import ServerContext, ServerPart
 
 CONDITIONS = ("concept", "noise")
 
@@ -110,6 +111,7 @@ class FedBM(FedCB):
         # a pure function of the run seed (the module is built under a seeded global stream)
         self.server_seed = int(torch.randint(0, 2**62, (1,)).item())
         self.cgde = CGDEServer()
+        self.server_side = FedBMServer(self)
 
     # ---- the generator ---------------------------------------------------------------------
     def prepare_splits(self, train: DeviceData, val: DeviceData | None, test: DeviceData):
@@ -127,7 +129,7 @@ class FedBM(FedCB):
         self.cgde = CGDEServer(generator.to(device, train.mean.dtype), train.mean.to(device), train.std.to(device))
         return train, val, test
 
-    def _generator(self) -> ConceptGenerator:
+    def built_generator(self) -> ConceptGenerator:
         if self.cgde.generator is None:
             raise FedbenchError("FedBM's generator is built in prepare_splits (the image size comes from the data).")
         return self.cgde.generator
@@ -152,13 +154,6 @@ class FedBM(FedCB):
                  f"FedCB. Set method.args gen_start to at most {max(1, rounds - 1)} (e.g. --method.args "
                  f"'{{\"gen_start\": 1}}') or fed.rounds to at least {self.gen_start + 1}.")]
 
-    def round_scalars(self, round_idx: int) -> dict[str, float]:
-        """The generator's last-step losses in the rounds it trained (on the server rank, which trains it)."""
-        last = self.cgde.log[-1] if self.cgde.log else None
-        if last is None or last["round"] != round_idx:
-            return {}
-        return {f"generator_{k}": float(last[k]) for k in ("loss", "sem", "div", "dis")}
-
     def is_generator_round(self, round_idx: int) -> bool:
         done = round_idx + 1
         return done >= self.gen_start and (done - self.gen_start) % self.gen_every == 0
@@ -172,37 +167,12 @@ class FedBM(FedCB):
         teacher = nn.ModuleList([self.backbone, self.head])  # the model without G
         with torch.enable_grad():
             return train_generator(
-                self._generator(), self.embed, teacher, self.condition_distribution(),
+                self.built_generator(), self.embed, teacher, self.condition_distribution(),
                 steps=self.gen_steps, batch_size=self.gen_batch, lr=self.gen_lr, tau=self.tau,
                 lambda_div=self.lambda_div, lambda_dis=self.lambda_dis, normalise=self.cgde.normalise,
                 seed=derive_seed(self.server_seed, round_idx, -1, SERVER), use_sem=self.use_sem,
                 use_div=self.use_div, use_dis=self.use_dis, noise_only=self.noise_only,
                 sem_loss=self.head.loss if self.classifier == "learned" else None, augment=self.augment_synthetic)
-
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
-        if not self.is_generator_round(round_idx):
-            return
-        generator = self._generator()
-        payload = None
-        if server is None or server.is_server:
-            start = time.perf_counter()
-            losses = self.train_generator(global_state, round_idx)
-            self.cgde.log.append({"round": round_idx, **losses, "seconds": time.perf_counter() - start})
-            payload = {k: v.detach().cpu() for k, v in generator.state_dict().items()}
-        if server is not None:
-            payload = server.broadcast(payload)
-        generator.load_state_dict(payload)
-        self.cgde.trained = True
-
-    def server_state(self) -> dict[str, torch.Tensor]:
-        state = {f"generator.{k}": v.detach().clone() for k, v in self._generator().state_dict().items()}
-        return {**state, "generator_trained": torch.tensor(self.cgde.trained)}
-
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
-        prefix = "generator."
-        self._generator().load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-        self.cgde.trained = bool(state["generator_trained"])
 
     # ---- local training --------------------------------------------------------------------
     def augment_rng(self, ctx: ClientContext) -> torch.Generator:
@@ -217,7 +187,7 @@ class FedBM(FedCB):
     def synthetic_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """g_batch synthetic images (labels and conditions drawn from ctx.generator), augmented
         (``augment_rng``) and normalised, and their labels."""
-        images, labels = generate_batch(self._generator(), self.condition_distribution(), self.g_batch,
+        images, labels = generate_batch(self.built_generator(), self.condition_distribution(), self.g_batch,
                                         ctx.generator, noise_only=self.noise_only)
         if self.augment_synthetic:
             images = augment_generated(images, self.augment_rng(ctx))
@@ -232,3 +202,44 @@ class FedBM(FedCB):
 
     def client_objective(self, ctx: ClientContext) -> Objective:
         return lambda batch: self.training_step(self.with_synthetic(ctx, batch))  # FedCB's LKCC loss
+
+
+class FedBMServer(ServerPart):
+    """FedBM's server side: the generator's training (on the server rank, broadcast to the others) and its
+    checkpoint. The generator itself stays on the model (``cgde``): the clients draw their synthetic images
+    from it."""
+
+    def scalars(self, round_idx: int) -> dict[str, float]:
+        """The generator's last-step losses in the rounds it trained (on the server rank, which trains it)."""
+        m = self.module
+        last = m.cgde.log[-1] if m.cgde.log else None
+        if last is None or last["round"] != round_idx:
+            return {}
+        return {f"generator_{k}": float(last[k]) for k in ("loss", "sem", "div", "dis")}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        m = self.module
+        if not m.is_generator_round(round_idx):
+            return
+        generator = m.built_generator()
+        payload = None
+        if server.is_server:
+            start = time.perf_counter()
+            losses = m.train_generator(global_state, round_idx)
+            m.cgde.log.append({"round": round_idx, **losses, "seconds": time.perf_counter() - start})
+            payload = {k: v.detach().cpu() for k, v in generator.state_dict().items()}
+        payload = server.broadcast(payload)
+        generator.load_state_dict(payload)
+        m.cgde.trained = True
+
+    def state(self) -> dict[str, torch.Tensor]:
+        m = self.module
+        state = {f"generator.{k}": v.detach().clone() for k, v in m.built_generator().state_dict().items()}
+        return {**state, "generator_trained": torch.tensor(m.cgde.trained)}
+
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
+        m = self.module
+        prefix = "generator."
+        m.built_generator().load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        m.cgde.trained = bool(state["generator_trained"])

@@ -22,9 +22,10 @@ import torch
 
 from bench.core.compat import foreach
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule, ServerContext
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
 from lightning_modules.components.gradients import add_to_gradients
 from lightning_modules.components.state import trainable_shared_parameters
+from lightning_modules.server_part import ServerContext, ServerPart
 
 
 @METHODS.register("feddyn")
@@ -36,9 +37,7 @@ class FedDyn(FederatedModule):
         if alpha <= 0:
             raise FedbenchError(f"FedDyn's alpha must be > 0, got {alpha}.")
         self.alpha = alpha
-        # server state: h, and the previous server model theta^{t-1} (the initial model before round 0)
-        self.h: dict[str, torch.Tensor] = {}
-        self.previous_global = {n: p.detach().clone() for n, p in self.dynamic_parameters()}
+        self.server_side = FedDynServer(self)  # after the model is built: it keeps the initial model
 
     def dynamic_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The trainable, aggregated parameters (those FedDyn regularises)."""
@@ -79,21 +78,30 @@ class FedDyn(FederatedModule):
                                       self.alpha)
             foreach("sub_")([g for _, _, g in terms], step)
 
-    # ---- server ----------------------------------------------------------------------------
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
-        for name, _ in self.dynamic_parameters():
+
+class FedDynServer(ServerPart):
+    """FedDyn's server state: h, and the previous server model theta^{t-1} (the initial model before
+    round 0); its step edits the averaged model in place."""
+
+    def __init__(self, module: FedDyn) -> None:
+        super().__init__(module)
+        self.h: dict[str, torch.Tensor] = {}
+        self.previous_global = {n: p.detach().clone() for n, p in module.dynamic_parameters()}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        for name, _ in self.module.dynamic_parameters():
             avg = global_state[name]
             prev = self.previous_global[name].to(avg.device, avg.dtype)
-            h = self.h.get(name, torch.zeros_like(avg)).to(avg.device, avg.dtype) - self.alpha * (avg - prev)
+            h = self.h.get(name, torch.zeros_like(avg)).to(avg.device, avg.dtype) - self.module.alpha * (avg - prev)
             self.h[name] = h
-            avg.sub_(h / self.alpha)
+            avg.sub_(h / self.module.alpha)
             self.previous_global[name] = avg.clone()
 
-    def server_state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> dict[str, torch.Tensor]:
         return {**{f"h.{n}": t for n, t in self.h.items()},
                 **{f"previous.{n}": t for n, t in self.previous_global.items()}}
 
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
         self.h = {k[len("h."):]: v.clone() for k, v in state.items() if k.startswith("h.")}
         self.previous_global = {k[len("previous."):]: v.clone() for k, v in state.items() if k.startswith("previous.")}

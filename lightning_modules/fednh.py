@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule, ServerContext
+from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.client_features import class_feature_sums
+from lightning_modules.server_part import ServerContext, ServerPart
 
 
 def uniform_prototypes(num_classes: int, dim: int, seed: int) -> torch.Tensor:
@@ -59,28 +60,38 @@ class FedNH(FederatedModule):
             raise FedbenchError(f"FedNH's rho must be in [0, 1], got {rho}.")
         self.rho = rho
         self.head = PrototypeHead(uniform_prototypes(self.num_classes, self.feature_dim, prototype_seed), scale, learn_scale)
-
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"proto_sum": (self.num_classes, self.feature_dim), "proto_count": (self.num_classes,)}
+        self.server_side = FedNHServer(self)
 
     def on_client_end(self, ctx: ClientContext) -> None:
         sums, counts = class_feature_sums(self, ctx, normalise=True)
         means = F.normalize(sums / counts.clamp(min=1).unsqueeze(1), dim=1)  # absent classes: zero rows
         ctx.uploads.update(proto_sum=means * counts.unsqueeze(1), proto_count=counts)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
+
+class FedNHServer(ServerPart):
+    """FedNH's server side: the prototypes' smoothing towards the clients' class means. The prototypes
+    stay on the model (a frozen buffer of its head: they are what it classifies with)."""
+
+    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
+        m = self.module
+        return {"proto_sum": (m.num_classes, m.feature_dim), "proto_count": (m.num_classes,)}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        m = self.module
         counts = extras["proto_count"]
         seen = counts > 0
         if not bool(seen.any()):
             return
-        w = self.head.prototypes
+        w = m.head.prototypes
         mu = F.normalize(extras["proto_sum"][seen] / counts[seen].unsqueeze(1), dim=1)
-        smoothed = F.normalize(self.rho * w[seen].double() + (1 - self.rho) * mu.to(w.device), dim=1)
+        smoothed = F.normalize(m.rho * w[seen].double() + (1 - m.rho) * mu.to(w.device), dim=1)
         w[seen.to(w.device)] = smoothed.to(w.dtype)
 
-    def server_state(self) -> dict[str, torch.Tensor]:
-        return {"prototypes": self.head.prototypes.clone()}
+    def state(self) -> dict[str, torch.Tensor]:
+        m = self.module
+        return {"prototypes": m.head.prototypes.clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
-        self.head.prototypes.copy_(state["prototypes"])
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
+        m = self.module
+        m.head.prototypes.copy_(state["prototypes"])

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.core.errors import FedbenchError
-from lightning_modules.base import METHODS, ClientContext, FederatedModule, ServerContext
+from lightning_modules.base import METHODS, ClientContext, FederatedModule
 from lightning_modules.components.client_features import class_feature_sums
+from lightning_modules.server_part import ServerContext, ServerPart
 
 PREDICTIONS = ("prototype", "head")
 WEIGHTINGS = ("samples", "clients")
@@ -42,35 +43,30 @@ class FedProto(FederatedModule):
         if weighting not in WEIGHTINGS:
             raise FedbenchError(f"FedProto's weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
         self.lam, self.predict, self.weighting = lam, predict, weighting
-        # server state, identical on every rank (plain tensors: every state_dict entry is personal)
-        self.global_prototypes = torch.zeros(self.num_classes, self.feature_dim)
-        self.has_prototype = torch.zeros(self.num_classes, dtype=torch.bool)
-        self.prototypes_ready = False  # a Python flag: no device sync per batch
-
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        c, d = self.num_classes, self.feature_dim
-        return {"proto_sum": (c, d), "proto_count": (c,), "proto_mean_sum": (c, d), "proto_clients": (c,)}
+        self.server_side = FedProtoServer(self)
 
     def prototype_loss(self, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        protos = self.global_prototypes.to(f.device, f.dtype)[y]
-        known = self.has_prototype.to(f.device)[y].unsqueeze(1)
+        server = self.server_side
+        protos = server.global_prototypes.to(f.device, f.dtype)[y]
+        known = server.has_prototype.to(f.device)[y].unsqueeze(1)
         return ((f - protos) * known).pow(2).sum() / f.numel()
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         f = self.features(x)
         loss = F.cross_entropy(self.head(f), y)
-        if self.lam == 0 or not self.prototypes_ready:
+        if self.lam == 0 or not self.server_side.prototypes_ready:
             return loss
         return loss + self.lam * self.prototype_loss(f, y)
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         f = self.features(x)
-        if self.predict == "head" or not self.prototypes_ready:
+        server = self.server_side
+        if self.predict == "head" or not server.prototypes_ready:
             return self.head(f)
-        protos = self.global_prototypes.to(f.device, f.dtype)
+        protos = server.global_prototypes.to(f.device, f.dtype)
         mse = (f.unsqueeze(1) - protos.unsqueeze(0)).pow(2).mean(2)
-        return (-mse).masked_fill(~self.has_prototype.to(f.device).unsqueeze(0), float("-inf"))
+        return (-mse).masked_fill(~server.has_prototype.to(f.device).unsqueeze(0), float("-inf"))
 
     def on_client_end(self, ctx: ClientContext) -> None:
         sums, counts = class_feature_sums(self, ctx)
@@ -78,9 +74,24 @@ class FedProto(FederatedModule):
         ctx.uploads.update(proto_sum=sums, proto_count=counts,
                            proto_mean_sum=sums / counts.clamp(min=1).unsqueeze(1), proto_clients=present)
 
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
-        if self.weighting == "samples":
+
+class FedProtoServer(ServerPart):
+    """FedProto's server state, identical on every rank: the global class prototypes the clients regularise
+    towards and predict with (plain tensors: every state_dict entry of the model is personal)."""
+
+    def __init__(self, module: FedProto) -> None:
+        super().__init__(module)
+        self.global_prototypes = torch.zeros(module.num_classes, module.feature_dim)
+        self.has_prototype = torch.zeros(module.num_classes, dtype=torch.bool)
+        self.prototypes_ready = False  # a Python flag: no device sync per batch
+
+    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
+        c, d = self.module.num_classes, self.module.feature_dim
+        return {"proto_sum": (c, d), "proto_count": (c,), "proto_mean_sum": (c, d), "proto_clients": (c,)}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        if self.module.weighting == "samples":
             total, weight = extras["proto_sum"], extras["proto_count"]
         else:
             total, weight = extras["proto_mean_sum"], extras["proto_clients"]
@@ -92,10 +103,10 @@ class FedProto(FederatedModule):
         self.has_prototype = self.has_prototype.to(device) | seen
         self.prototypes_ready = bool(self.has_prototype.any())
 
-    def server_state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> dict[str, torch.Tensor]:
         return {"prototypes": self.global_prototypes.clone(), "has_prototype": self.has_prototype.clone()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
         self.global_prototypes = state["prototypes"].clone()
         self.has_prototype = state["has_prototype"].clone().bool()
         self.prototypes_ready = bool(self.has_prototype.any())

@@ -24,16 +24,10 @@ from typing import ClassVar
 
 import torch
 
-from lightning_modules.base import (
-    METHODS,
-    ClientBatches,
-    ClientContext,
-    FederatedModule,
-    ServerContext,
-    require_server,
-)
+from lightning_modules.base import METHODS, ClientBatches, ClientContext, FederatedModule
 from lightning_modules.components.gradients import add_to_gradients
 from lightning_modules.components.state import trainable_shared_parameters
+from lightning_modules.server_part import ServerContext, ServerPart
 
 
 def unit_displacement(steps: int, lr: float, momentum: float) -> float:
@@ -52,17 +46,13 @@ class Scaffold(FederatedModule):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.c_sum: dict[str, torch.Tensor] = {}  # sum over all clients of c_i (float64; absent = zero)
-        self.c: dict[str, torch.Tensor] = {}  # server control variate c = c_sum / N (absent = zero)
+        self.server_side = ScaffoldServer(self)
 
     def controlled_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return trainable_shared_parameters(self)
 
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {f"dc.{n}": tuple(p.shape) for n, p in self.controlled_parameters()}
-
     def server_c(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        c = self.c.get(name)
+        c = self.server_side.c.get(name)
         return torch.zeros_like(like) if c is None else c.to(like.device, like.dtype)
 
     # ---- client ----------------------------------------------------------------------------
@@ -99,27 +89,39 @@ class Scaffold(FederatedModule):
             ctx.uploads[f"dc.{n}"] = new - c_local[n]
             c_local[n] = new
 
-    # ---- server ----------------------------------------------------------------------------
-    def server_step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
-                    server: ServerContext | None = None) -> None:
-        num_clients = require_server(server, "Scaffold").num_clients
-        for n, p in self.controlled_parameters():
+
+class ScaffoldServer(ServerPart):
+    """Scaffold's server: the control variate c (= c_sum / N) the clients read, and its sum over all
+    clients' c_i, the state a resumed run continues from."""
+
+    def __init__(self, module: Scaffold) -> None:
+        super().__init__(module)
+        self.c_sum: dict[str, torch.Tensor] = {}  # sum over all clients of c_i (float64; absent = zero)
+        self.c: dict[str, torch.Tensor] = {}  # server control variate c = c_sum / N (absent = zero)
+
+    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {f"dc.{n}": tuple(p.shape) for n, p in self.module.controlled_parameters()}
+
+    def step(self, global_state: dict[str, torch.Tensor], extras: dict[str, torch.Tensor], round_idx: int,
+             server: ServerContext) -> None:
+        num_clients = server.num_clients
+        for n, p in self.module.controlled_parameters():
             dc = extras[f"dc.{n}"]
             total = self.c_sum.get(n)
             self.c_sum[n] = dc.clone() if total is None else total.to(dc.device) + dc
             self.c[n] = (self.c_sum[n] / num_clients).to(p.dtype)
 
-    def round_scalars(self, round_idx: int) -> dict[str, float]:
+    def scalars(self, round_idx: int) -> dict[str, float]:
         """The server control variate's L2 norm (one host read per round)."""
         if not self.c:
             return {}
         return {"control_variate_norm": float(torch.sqrt(sum(t.double().pow(2).sum() for t in self.c.values())))}
 
-    def server_state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> dict[str, torch.Tensor]:
         return {f"c_sum.{n}": t for n, t in self.c_sum.items()}
 
-    def load_server_state(self, state: dict[str, torch.Tensor], server: ServerContext | None = None) -> None:
+    def load_state(self, state: dict[str, torch.Tensor], server: ServerContext) -> None:
         self.c_sum = {k[len("c_sum."):]: v.clone() for k, v in state.items() if k.startswith("c_sum.")}
-        dtypes = {n: p.dtype for n, p in self.controlled_parameters()}  # as server_step: the run's precision
-        num_clients = require_server(server, "Scaffold").num_clients
+        dtypes = {n: p.dtype for n, p in self.module.controlled_parameters()}  # as step: the run's precision
+        num_clients = server.num_clients
         self.c = {n: (t / num_clients).to(dtypes[n]) for n, t in self.c_sum.items()}

@@ -50,7 +50,7 @@ def bytes_per_client_round(module: FederatedModule) -> dict[str, int]:
     float32 on the wire) per round."""
     shared = set(module.shared_keys())
     shared_bytes = sum(t.numel() * t.element_size() for k, t in module.state_dict().items() if k in shared)
-    extra_bytes = 4 * sum(math.prod(s) for s in module.upload_shapes().values())
+    extra_bytes = 4 * sum(math.prod(s) for s in module.server_side.upload_shapes().values())
     return {"down": shared_bytes, "up": shared_bytes + extra_bytes}
 
 

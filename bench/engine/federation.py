@@ -74,11 +74,11 @@ class RoundLog:
     rank_busy_seconds: list[float] = field(default_factory=list)
     rank_idle_seconds: list[float] = field(default_factory=list)
     train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
-    method_scalars: dict[str, float] = field(default_factory=dict)  # objective terms' mean losses + round_scalars
+    method_scalars: dict[str, float] = field(default_factory=dict)  # objective terms' mean losses + the server part's scalars
 
 
 def server_context(fabric, num_clients: int) -> ServerContext:
-    """The ServerContext a method's server hooks get on this rank: the federation's size, whether this
+    """The ServerContext a method's server part gets on this rank: the federation's size, whether this
     rank is the server (rank 0), and Fabric's broadcast from rank 0 (under the collective timeout)."""
     def broadcast(obj):
         if fabric.world_size == 1:
@@ -217,7 +217,7 @@ class Federation:
         log = RoundLog(r, sampled, self.plan.lr.at(r), train_time, 0.0, seen,
                        rank_clients=placement, rank_busy_seconds=busy_seconds,
                        rank_idle_seconds=[max(busy_seconds) - b for b in busy_seconds],
-                       train_loss=train_loss, method_scalars={**term_losses, **self.module.round_scalars(r)})
+                       train_loss=train_loss, method_scalars={**term_losses, **self.module.server_side.scalars(r)})
         if self.is_eval_round(r):
             t = time.perf_counter()
             log.metrics = self.evaluate(r)
@@ -231,7 +231,7 @@ class Federation:
     def round_buffer(self, n_metrics: int) -> RoundBuffer:
         """The round's one buffer: shared state, the method's uploads, the per-client metrics table, each
         rank's busy seconds and samples, and the training-loss sum."""
-        extra_shapes = dict(self.module.upload_shapes())
+        extra_shapes = dict(self.module.server_side.upload_shapes())
         extra_shapes[CLIENT_METRICS] = (len(self.clients), n_metrics + 1)
         extra_shapes[RANK_BUSY] = extra_shapes[RANK_SAMPLES] = (self.world,)
         extra_shapes[TRAIN_LOSS] = (2,)
@@ -301,7 +301,7 @@ class Federation:
         for c in range(len(self.clients)):
             if table[c, -1] > 0:
                 self.client_metrics[c] = dict(zip(keys, table[c, :-1].tolist()))
-        self.module.server_step(self.global_state, extras, r, self.server)
+        self.module.server_side.step(self.global_state, extras, r, self.server)
         return busy_seconds, seen, (loss_sum / loss_samples if loss_samples else None), term_losses
 
     def test_due(self, r: int, val_metrics: dict[str, float]) -> bool:
@@ -362,7 +362,7 @@ class Federation:
         return self.history
 
     def snapshot(self) -> dict:
-        return {"global_state": self.global_state, "server_state": self.module.server_state(),
+        return {"global_state": self.global_state, "server_state": self.module.server_side.state(),
                 "history": self.history, "client_metrics": self.client_metrics}
 
     def restore(self, ckpt: tuple[int, dict, dict] | None) -> None:
@@ -370,7 +370,7 @@ class Federation:
             return
         last_round, snap, clients = ckpt
         copy_into(self.global_state, snap["global_state"])
-        self.module.load_server_state(snap["server_state"], self.server)
+        self.module.server_side.load_state(snap["server_state"], self.server)
         self.history = list(snap["history"])
         self.client_metrics = {int(k): v for k, v in snap["client_metrics"].items()}
         missing = sorted(set(range(len(self.clients))) - set(clients))

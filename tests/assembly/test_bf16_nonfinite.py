@@ -19,6 +19,7 @@ from test_bad_input import written_files
 from bench.cli import main
 from bench.engine.health import check_finite_state
 from lightning_modules.base import FederatedModule
+from lightning_modules.server_part import ServerPart
 
 BF16_ADVICE = "Use --precision 32-true"
 
@@ -30,14 +31,14 @@ def run(tmp_path, capsys, *extra: str) -> tuple[int, str]:
 
 def poison_server_step(monkeypatch, at_round: int) -> None:
     """The server step of round ``at_round`` leaves one NaN in the global model's last conv weight."""
-    original = FederatedModule.server_step
+    original = ServerPart.step
 
-    def server_step(self, global_state, extras, round_idx, server=None):
+    def server_step(self, global_state, extras, round_idx, server):
         original(self, global_state, extras, round_idx, server)
         if round_idx == at_round:
             global_state["backbone.body.8.weight"].view(-1)[0] = math.nan
 
-    monkeypatch.setattr(FederatedModule, "server_step", server_step)
+    monkeypatch.setattr(ServerPart, "step", server_step)
 
 
 def test_a_global_model_that_becomes_nan_in_the_last_round_stops_the_run_and_writes_nothing(

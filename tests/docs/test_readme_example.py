@@ -41,7 +41,7 @@ def test_readme_method_trains_uploads_and_keeps_server_state(tiny_cfg, captured,
     for h in record["history"]:
         for c in h["clients"]:
             expected += torch.bincount(fed.data.labels[fed.clients[c].train], minlength=10).double()
-    assert torch.equal(fed.module.counts.double(), expected)
+    assert torch.equal(fed.module.server_side.counts.double(), expected)
     assert record["bytes_per_client_round"]["up"] == record["bytes_per_client_round"]["down"] + 4 * 10
     assert record["final"]["test/accuracy"] > 20.0  # it trains (10 classes)
 

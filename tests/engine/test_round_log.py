@@ -38,7 +38,7 @@ def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, mon
 
 
 def test_methods_expose_their_own_round_scalars(tiny_cfg, tmp_path):
-    """One hook in the method contract (round_scalars): FedBM's generator losses in the rounds it trains,
+    """One hook of a method's server part (ServerPart.scalars): FedBM's generator losses in the rounds it trains,
     Scaffold's control-variate norm every round; in the history, as W&B's method/<name>."""
     from bench.assembly.run_outputs import round_scalars
 

@@ -19,12 +19,13 @@ from lightning_modules.base import ClientContext
 from lightning_modules.components.state import substate
 from lightning_modules.fedbabu import FedBABU
 from lightning_modules.feddyn import FedDyn
-from lightning_modules.fednh import FedNH
-from lightning_modules.fedproto import FedProto
+from lightning_modules.fednh import FedNHServer
+from lightning_modules.fedproto import FedProto, FedProtoServer
 from lightning_modules.fedrep import FedRep
 from lightning_modules.fedrod import FedRoD
 from lightning_modules.moon import Moon
 from lightning_modules.scaffold import Scaffold
+from lightning_modules.server_part import ServerContext
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -70,8 +71,8 @@ def test_scaffold_server_control_variate_is_the_mean_over_all_clients(tiny_cfg, 
     assert len(seen) == len({c for h in fed.history for c in h["clients"]}) == (4 if ratio == 1.0 else 2)
     for name, _ in module.controlled_parameters():
         total = torch.stack([fed.client_states[c]["c_local"][name] for c in seen]).sum(0)
-        torch.testing.assert_close(module.c[name], total / 4, atol=1e-6, rtol=1e-5)  # N = 4, not len(seen)
-    assert sum(float(t.abs().sum()) for t in module.c.values()) > 0  # the variates did move
+        torch.testing.assert_close(module.server_side.c[name], total / 4, atol=1e-6, rtol=1e-5)  # N = 4, not len(seen)
+    assert sum(float(t.abs().sum()) for t in module.server_side.c.values()) > 0  # the variates did move
 
 
 def constant_gradient_objective(g: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]):
@@ -113,23 +114,23 @@ def test_feddyn_server_h_and_model_follow_the_update_rule():
     for n in names:
         glob[n] = theta0[n] + d0[n]  # the round's average
     running_mean = glob[bn].clone()
-    module.server_step(glob, {}, 0)
+    module.server_side.step(glob, {}, 0, ServerContext(1))
     for n in names:  # h = -alpha d0;  theta1 = avg - h / alpha = theta0 + 2 d0
-        torch.testing.assert_close(module.h[n], -alpha * d0[n])
+        torch.testing.assert_close(module.server_side.h[n], -alpha * d0[n])
         torch.testing.assert_close(glob[n], theta0[n] + 2 * d0[n])
     assert torch.equal(glob[bn], running_mean)  # buffers are only averaged
 
     theta1 = {n: glob[n].clone() for n in names}
     for n in names:
         glob[n] = theta1[n] + d1[n]
-    module.server_step(glob, {}, 1)
+    module.server_side.step(glob, {}, 1, ServerContext(1))
     for n in names:  # h = -alpha (d0 + d1);  theta2 = avg + d0 + d1
-        torch.testing.assert_close(module.h[n], -alpha * (d0[n] + d1[n]))
+        torch.testing.assert_close(module.server_side.h[n], -alpha * (d0[n] + d1[n]))
         torch.testing.assert_close(glob[n], theta1[n] + d1[n] + d0[n] + d1[n])
 
     restored = FedDyn(num_classes=3, in_channels=1, backbone="simple-cnn", alpha=alpha)
-    restored.load_server_state(module.server_state())
-    assert same(restored.h, module.h) and same(restored.previous_global, module.previous_global)
+    restored.server_side.load_state(module.server_side.state(), ServerContext(1))
+    assert same(restored.server_side.h, module.server_side.h) and same(restored.server_side.previous_global, module.server_side.previous_global)
 
 
 def test_feddyn_client_linear_term_and_gradient_correction(tiny_cfg, captured, monkeypatch):
@@ -310,15 +311,15 @@ def test_fedrod_generic_head_balanced_softmax_and_detached_personal_head():
 # ---- FedNH ---------------------------------------------------------------------------------
 def test_fednh_prototypes_unit_norm_and_rho_smoothing(tiny_cfg, captured, monkeypatch):
     steps: list[dict] = []
-    original = FedNH.server_step
+    original = FedNHServer.step
 
-    def server_step(self, global_state, extras, round_idx, server=None):
-        before = self.head.prototypes.clone()
+    def server_step(self, global_state, extras, round_idx, server):
+        before = self.module.head.prototypes.clone()
         original(self, global_state, extras, round_idx, server)
-        steps.append({"before": before, "after": self.head.prototypes.clone(),
+        steps.append({"before": before, "after": self.module.head.prototypes.clone(),
                       "sum": extras["proto_sum"].clone(), "count": extras["proto_count"].clone()})
 
-    monkeypatch.setattr(FedNH, "server_step", server_step)
+    monkeypatch.setattr(FedNHServer, "step", server_step)
     fed = run(tiny_cfg, captured, **{"method.name": "fednh", "fed.sample_ratio": 0.5, "fed.rounds": 3})
     w0 = captured["initial_state"]["head.prototypes"]
     torch.testing.assert_close(w0 @ w0.T, torch.eye(10), atol=1e-5, rtol=0)  # spread: orthonormal rows
@@ -341,7 +342,7 @@ def test_fednh_prototypes_unit_norm_and_rho_smoothing(tiny_cfg, captured, monkey
 # ---- FedProto ------------------------------------------------------------------------------
 def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monkeypatch):
     uploads: dict[int, list[dict]] = {}
-    original_end, original_step = FedProto.on_client_end, FedProto.server_step
+    original_end, original_step = FedProto.on_client_end, FedProtoServer.step
     globals_after: list[torch.Tensor] = []
 
     def end(self, ctx):
@@ -361,12 +362,12 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
                 assert extras["proto_count"][k] == 0
         uploads.setdefault(ctx.round_idx, []).append(clone(extras))
 
-    def server_step(self, global_state, extras, round_idx, server=None):
+    def server_step(self, global_state, extras, round_idx, server):
         original_step(self, global_state, extras, round_idx, server)
         globals_after.append(self.global_prototypes.clone())
 
     monkeypatch.setattr(FedProto, "on_client_end", end)
-    monkeypatch.setattr(FedProto, "server_step", server_step)
+    monkeypatch.setattr(FedProtoServer, "step", server_step)
     fed = run(tiny_cfg, captured, **{"method.name": "fedproto"})
     assert fed.shared == []  # no weights travel, only prototypes
     for r, ups in uploads.items():  # global prototype = sample-weighted mean of the local class means
@@ -374,7 +375,7 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
         count = sum(u["proto_count"].double() for u in ups)
         seen = count > 0
         torch.testing.assert_close(globals_after[r][seen].double(), total[seen] / count[seen, None], atol=1e-5, rtol=1e-5)
-    assert bool(fed.module.has_prototype.all())
+    assert bool(fed.module.server_side.has_prototype.all())
     assert fed.history[-1]["metrics"]["test/accuracy"] > 0
 
 

@@ -18,6 +18,7 @@ from lightning_modules.components.concept_distributions import ConceptDistributi
 from lightning_modules.components.lkcc import lkcc_logits
 from lightning_modules.fedbm import FedBM
 from lightning_modules.fedcb import FedCB
+from lightning_modules.server_part import ServerContext
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
@@ -206,7 +207,7 @@ def test_generator_loss_switches_and_noise_condition(text_cache):
                        "no_sem": {"use_sem": False}}.items():
         m = build(FedBM, text_cache, **CHEAP_GEN, **args)
         m.prepare_splits(data, None, data)
-        m.server_step({k: v.clone() for k, v in m.state_dict().items() if k in m.shared_keys()}, {}, 4)
+        m.server_side.step({k: v.clone() for k, v in m.state_dict().items() if k in m.shared_keys()}, {}, 4, ServerContext(1))
         logs[name] = m.cgde.log[-1]
     assert all(logs["all"][k] > 0 for k in ("sem", "div", "dis"))
     assert logs["no_div"]["div"] == 0 and logs["no_div"]["dis"] > 0
@@ -246,13 +247,13 @@ def test_generator_only_on_server_rank_then_broadcast(text_cache):
         m.prepare_splits(data, None, data)
     glob = {k: v.clone() for k, v in server.state_dict().items() if k in server.shared_keys()}
     server_side = Comm(True)
-    server.server_step(glob, {}, 4, server_side)  # the ServerContext is given, not injected (issue 29)
+    server.server_side.step(glob, {}, 4, server_side)  # the ServerContext is given, not injected (issue 29)
     other_side = Comm(False, payload=server_side.sent)
-    other.server_step(glob, {}, 4, other_side)
+    other.server_side.step(glob, {}, 4, other_side)
     assert len(server.cgde.log) == 1 and other.cgde.log == []  # trained once, on the server
     assert other_side.sent is None and other.cgde.trained
     assert max_state_diff(server.cgde.generator.state_dict(), other.cgde.generator.state_dict()) == 0.0
-    server.server_step(glob, {}, 5)  # not a generator round (gen_start = gen_every = 5)
+    server.server_side.step(glob, {}, 5, ServerContext(1))  # not a generator round (gen_start = gen_every = 5)
     assert len(server.cgde.log) == 1
 
 
@@ -260,13 +261,13 @@ def test_server_state_round_trip(text_cache):
     data = digits_data()
     a = build(FedBM, text_cache, **CHEAP_GEN)
     a.prepare_splits(data, None, data)
-    fresh = a.server_state()
+    fresh = a.server_side.state()
     assert not bool(fresh["generator_trained"])
-    a.server_step({k: v.clone() for k, v in a.state_dict().items() if k in a.shared_keys()}, {}, 4)
+    a.server_side.step({k: v.clone() for k, v in a.state_dict().items() if k in a.shared_keys()}, {}, 4, ServerContext(1))
     b = build(FedBM, text_cache, **CHEAP_GEN)
     b.prepare_splits(data, None, data)
     assert max_state_diff(a.cgde.generator.state_dict(), b.cgde.generator.state_dict()) > 0
-    b.load_server_state(a.server_state())
+    b.server_side.load_state(a.server_side.state(), ServerContext(1))
     assert b.cgde.trained and max_state_diff(a.cgde.generator.state_dict(), b.cgde.generator.state_dict()) == 0.0
     assert torch.equal(a.synthetic_batch(context(a, data, 7, 2))[0], b.synthetic_batch(context(b, data, 7, 2))[0])
 

@@ -107,7 +107,7 @@ def test_fednpr_prototypes_local_unit_norm_and_refreshed_from_received_model(tin
     fed = make_federation(cfg)
     module = fed.module
     assert fed.personal == [] and set(fed.shared) == set(module.state_dict())  # all state averaged
-    assert not any("proto" in k for k in module.state_dict()) and module.upload_shapes() == {}
+    assert not any("proto" in k for k in module.state_dict()) and module.server_side.upload_shapes() == {}
     fed.run_round(0)
     protos0 = {c: fed.client_states[c][PROTOTYPES_KEY].clone() for c in range(4)}
     for c, p in protos0.items():

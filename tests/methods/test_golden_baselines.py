@@ -24,6 +24,7 @@ from torch import nn
 from bench.core.batches import DeviceData
 from bench.engine.aggregation import RoundBuffer
 from lightning_modules.base import ClientContext
+from lightning_modules.server_part import ServerContext
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 T = torch.float64
@@ -217,7 +218,7 @@ def test_fednh_cosine_logits_step_matches_client_fednh():
 
 
 def fednh_server(module, extras: dict[str, torch.Tensor]) -> torch.Tensor:
-    module.server_step({}, extras, 0)
+    module.server_side.step({}, extras, 0, ServerContext(1))
     return module.head.prototypes.clone()
 
 
@@ -258,9 +259,9 @@ def test_fedproto_prototype_regularised_step_matches_client_fedproto():
     e = golden("fedproto")["client_step"]
     ref, out = state_of(e["inputs"]["state"]), state_of(e["outputs"]["state"])
     module = build(FedProto, ref, lam=e["inputs"]["lam"])
-    module.global_prototypes = t(e["inputs"]["prototype"])
-    module.has_prototype = torch.ones(len(module.global_prototypes), dtype=torch.bool)
-    module.prototypes_ready = True
+    module.server_side.global_prototypes = t(e["inputs"]["prototype"])
+    module.server_side.has_prototype = torch.ones(len(module.server_side.global_prototypes), dtype=torch.bool)
+    module.server_side.prototypes_ready = True
     batches = batches_of(e["inputs"]["batches"])
     module.train()
     loss = sgd_steps(module.client_objective(context(module, batches)), reference_sgd(module.parameters()), batches)
@@ -286,9 +287,9 @@ def test_fedproto_server_aggregation_against_fedetf_code(weighting):
         extras = {"proto_sum": extras["proto_sum"] + means * n[:, None], "proto_count": extras["proto_count"] + n,
                   "proto_mean_sum": extras["proto_mean_sum"] + means, "proto_clients": extras["proto_clients"] + (n > 0)}
     module = FedProto(num_classes=5, in_channels=1, backbone="simple-cnn", weighting=weighting)
-    module.global_prototypes = torch.zeros(5, means.shape[1], dtype=T)
-    module.server_step({}, extras, 0)
-    gap = (module.global_prototypes - t(e["outputs"]["prototype"])).abs().max()
+    module.server_side.global_prototypes = torch.zeros(5, means.shape[1], dtype=T)
+    module.server_side.step({}, extras, 0, ServerContext(1))
+    gap = (module.server_side.global_prototypes - t(e["outputs"]["prototype"])).abs().max()
     assert gap < e["tolerance"] if weighting == "clients" else gap > 1e-3
 
 
@@ -367,12 +368,12 @@ def test_feddyn_gradient_memory_and_server_update_match_fedetf_code():
             close(g_k, new[n], e["tolerance"])
     weights = e["inputs"]["size_weights"]
     avg = {ours_name(n): sum(w * c[n] for w, c in zip(weights, trained)) / sum(weights) for n in BODY_HEAD}
-    module.previous_global = {ours_name(n): central[n].clone() for n in BODY_HEAD}
-    module.h = {ours_name(n): state_of(e["inputs"]["server_state"])[n] for n in BODY_HEAD}
-    module.server_step(avg, {}, 0)
+    module.server_side.previous_global = {ours_name(n): central[n].clone() for n in BODY_HEAD}
+    module.server_side.h = {ours_name(n): state_of(e["inputs"]["server_state"])[n] for n in BODY_HEAD}
+    module.server_side.step(avg, {}, 0, ServerContext(1))
     for n in BODY_HEAD:
         close(avg[ours_name(n)], state_of(e["outputs"]["central"])[n], e["tolerance"])
-        close(module.h[ours_name(n)], state_of(e["outputs"]["server_state"])[n], e["tolerance"])
+        close(module.server_side.h[ours_name(n)], state_of(e["outputs"]["server_state"])[n], e["tolerance"])
 
 
 def test_feddyn_client_step_departs_from_fedetf_codes_unsquared_penalty():
@@ -446,7 +447,6 @@ def test_moon_model_contrastive_loss_against_fedntd_code():
 def test_scaffold_client_and_server_match_fedntd_code():
     """Corrected steps (grad - c_i + c, then momentum SGD with weight decay), option II with FedNTD's
     adaptive divisor for momentum (our unit_displacement), and c += (|S|/N) mean_S delta c_i."""
-    from lightning_modules.base import ServerContext
     from lightning_modules.scaffold import Scaffold, unit_displacement
 
     e = golden("scaffold")["client_and_server"]
@@ -456,7 +456,7 @@ def test_scaffold_client_and_server_match_fedntd_code():
     batches = batches_of(i["batches"])
     ctx = context(module, batches)
     ctx.state["c_local"] = flat_parts(i["c_i"], ref)
-    module.c = flat_parts(i["c"], ref)
+    module.server_side.c = flat_parts(i["c"], ref)
     correct = module.control_variate_correction(ctx)
     optimizer = torch.optim.SGD(module.parameters(), lr=i["lr"], momentum=i["momentum"], weight_decay=i["weight_decay"])
     module.train()
@@ -469,10 +469,10 @@ def test_scaffold_client_and_server_match_fedntd_code():
     for name, value in dc.items():
         close(ctx.uploads[f"dc.{name}"], value, e["tolerance"])
     n = i["num_clients"]
-    module.c_sum = {name: value * n for name, value in flat_parts(i["c"], ref).items()}
-    module.server_step({}, {f"dc.{k}": dc[k] + other[k] for k in dc}, 0, ServerContext(num_clients=n))
+    module.server_side.c_sum = {name: value * n for name, value in flat_parts(i["c"], ref).items()}
+    module.server_side.step({}, {f"dc.{k}": dc[k] + other[k] for k in dc}, 0, ServerContext(num_clients=n))
     for name, value in flat_parts(o["server_c"], ref).items():
-        close(module.c[name], value, e["tolerance"])
+        close(module.server_side.c[name], value, e["tolerance"])
 
 
 def feddyn_round(e: dict):
@@ -496,10 +496,10 @@ def feddyn_round(e: dict):
     weights = i["sizes"]
     clients = [mapped(c) for c in o["clients"]]
     avg = {k: sum(w * c[k] for w, c in zip(weights, clients)) / sum(weights) for k in clients[0]}
-    module.previous_global = {ours_name(k): v.clone() for k, v in server.items()}
-    module.h = mapped(i["h"])
-    module.server_step(avg, {}, 0)
-    return avg, module.h
+    module.server_side.previous_global = {ours_name(k): v.clone() for k, v in server.items()}
+    module.server_side.h = mapped(i["h"])
+    module.server_side.step(avg, {}, 0, ServerContext(1))
+    return avg, module.server_side.h
 
 
 def test_feddyn_client_penalty_memory_and_server_match_fedntd_code_under_full_equal_participation():
@@ -582,7 +582,7 @@ def test_crerf_federated_feature_update_against_update_feature_syn():
             extras[GRAD_W][int(c)] += t(gw)
             extras[GRAD_B][int(c)] += t(gb)
             extras[HOLDERS][int(c)] += 1
-    module.server_step({}, extras, 0)
+    module.server_side.step({}, extras, 0, ServerContext(1))
     close(module.federated_features, t(e["outputs"]["feature_syn"]), e["tolerance"])
 
 
