@@ -113,3 +113,12 @@ def test_no_round_engine_function_takes_the_run_config():
                    and "cfg" in {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}]
     assert taking == []
     assert ast.parse("def f(cfg): pass").body[0].args.args[0].arg == "cfg"  # the parameter as the check reads it
+
+
+def test_the_readme_s_architecture_is_the_layer_order():
+    """The README's architecture section lists the layers bottom to top, as LAYERS does."""
+    import re
+
+    section = (REPO / "README.md").read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    listed = [m.replace("/", ".").removesuffix(".py") for m in re.findall(r"^\d+\. `([\w/.]+)`", section, re.M)]
+    assert listed == list(LAYERS)
