@@ -67,14 +67,28 @@ def captured(monkeypatch):
     return box
 
 
-def run_in_process(cfg):
-    """Run one experiment on a single in-process Fabric rank; return (record, final state)."""
+def run_in_process(cfg, observer=None):
+    """Run one experiment on a single in-process Fabric rank (``observer``: a RunObserver hearing it);
+    return (record, final state)."""
     from bench.assembly.experiment import make_fabric, run_experiment
 
     fabric = make_fabric(cfg)
     fabric.launch()
-    record = run_experiment(cfg, fabric)
+    record = run_experiment(cfg, fabric, observer)
     return record, load_final_state(cfg)
+
+
+def stop_after(round_idx: int):
+    """A RunObserver that stops the run (``Killed``) once round ``round_idx`` is done and checkpointed: the
+    run's own hook (RunObserver.round_done), not a patched engine."""
+    from bench.assembly.run_outputs import RunObserver
+
+    class StopAfter(RunObserver):
+        def round_done(self, r: int) -> None:
+            if r == round_idx:
+                raise Killed
+
+    return StopAfter()
 
 
 def load_final_state(cfg):
@@ -214,34 +228,23 @@ def max_state_diff(a: dict, b: dict) -> float:
 
 
 class Killed(Exception):
-    """Raised by a patched checkpointer to simulate a run killed after a checkpoint."""
+    """Raised by stop_after's observer to simulate a run killed after a checkpoint."""
 
 
-def kill_after(tiny_cfg, monkeypatch, round_idx: int, **cfg) -> None:
+def kill_after(tiny_cfg, round_idx: int, **cfg) -> None:
     """Run ``tiny_cfg(**cfg)`` in this process, killed (``Killed``) right after it checkpoints ``round_idx``."""
-    from bench.engine.checkpoint import Checkpointer
-
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        if r == round_idx:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
     with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**cfg))
-    monkeypatch.setattr(Checkpointer, "save", original)
+        run_in_process(tiny_cfg(**cfg), stop_after(round_idx))
 
 
-def kill_and_resume(tiny_cfg, monkeypatch, base: dict, kill_after_round: int = 1):
+def kill_and_resume(tiny_cfg, base: dict, kill_after_round: int = 1):
     """Run ``base`` uninterrupted, then killed right after checkpointing round ``kill_after_round``
     and resumed; assert both end with identical state and history. Returns (resumed record, cfg)."""
     from bench.assembly.run_plan import checkpoint_plan
     from bench.engine.checkpoint import Checkpointer
 
     full_rec, full_state = run_in_process(tiny_cfg(**base, experiment="full"))
-    kill_after(tiny_cfg, monkeypatch, kill_after_round, **base, experiment="killed")
+    kill_after(tiny_cfg, kill_after_round, **base, experiment="killed")
     cfg = tiny_cfg(**base, experiment="killed", resume=True)
     assert Checkpointer(checkpoint_plan(cfg), None).latest().name == f"round_{kill_after_round:05d}"
     resumed_rec, resumed_state = run_in_process(cfg)

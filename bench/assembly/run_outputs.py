@@ -37,6 +37,10 @@ class RunObserver:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """The scalars of round ``step`` (what the run's Fabric loggers received)."""
 
+    def round_done(self, round_idx: int) -> None:
+        """Round ``round_idx`` is over: logged and, when due, checkpointed (a run stopped here resumes after
+        it). What a caller (or a test stopping a run at a round) hooks instead of patching the engine."""
+
     def summary(self, record: dict[str, Any]) -> None:
         """The finished run's record, before it is written."""
 

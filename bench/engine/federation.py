@@ -126,6 +126,7 @@ class Federation:
         self.start_round = 0
         self.checkpointer = Checkpointer(plan.checkpoint, fabric)
         self.on_round_end: Callable[[dict], None] | None = None
+        self.on_round_done: Callable[[int], None] | None = None  # after the round's checkpoint, if due
         self.server = server_context(fabric, len(clients))
 
     # ---- one client ----------------------------------------------------------------------
@@ -353,6 +354,8 @@ class Federation:
                 self.on_round_end(entry)
             if self.checkpointer.due(r):
                 self.checkpointer.save(r, self.snapshot(), {c: self.client_states[c] for c in self.owned})
+            if self.on_round_done is not None:
+                self.on_round_done(r)
         bar.close()
         # The module ends as the global model: shared state, and the initial personal parts (each
         # client's own parts live in client_states on its rank), so it does not depend on world size.

@@ -43,9 +43,9 @@ def test_float64_run_is_float64_and_rank_invariant(two_rank_runs, tmp_path, meth
     assert record["versions"]["torch"] == torch.__version__.split("+")[0]
 
 
-def test_float64_scaffold_resumes_exactly(tiny_cfg, monkeypatch):
+def test_float64_scaffold_resumes_exactly(tiny_cfg):
     """Scaffold's server control variate c, rebuilt from the checkpointed c_sum on resume, stays in the
     run's precision (it was cast to float32: the resumed 64-true run ended 3.9e-9 away)."""
     base = {"method.name": "scaffold", "partition.num_clients": 4, "fed.rounds": 3, "fed.sample_ratio": 0.5,
             "checkpoint_every": 1, "precision": "64-true"}
-    kill_and_resume(tiny_cfg, monkeypatch, base)
+    kill_and_resume(tiny_cfg, base)

@@ -120,5 +120,5 @@ def test_the_readme_s_architecture_is_the_layer_order():
     import re
 
     section = (REPO / "README.md").read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    listed = [m.replace("/", ".").removesuffix(".py") for m in re.findall(r"^\d+\. `([\w/.]+)`", section, re.M)]
+    listed = [m.replace("/", ".").removesuffix(".py") for m in re.findall(r"^\d+\. `([\w/.]+)`", section, re.MULTILINE)]
     assert listed == list(LAYERS)

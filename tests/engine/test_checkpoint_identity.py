@@ -28,11 +28,11 @@ def contents(folder) -> dict[str, bytes]:
     return {f"{r.name}/{f.name}": f.read_bytes() for r in sorted(folder.iterdir()) for f in sorted(r.iterdir())}
 
 
-def test_another_config_of_the_run_name_leaves_the_checkpoints_alone(tiny_cfg, monkeypatch, capsys):
+def test_another_config_of_the_run_name_leaves_the_checkpoints_alone(tiny_cfg, capsys):
     """The issue's sequence: A (8 rounds) killed after its 4th round; B (same run name, 2 rounds, lr 0.02)
     runs to the end with checkpoints; A resumes from its own round 4 and ends where an uninterrupted A ends."""
     _, full_state = run_in_process(tiny_cfg(**{**A, "experiment": "full"}))
-    kill_after(tiny_cfg, monkeypatch, 3, **A)
+    kill_after(tiny_cfg, 3, **A)
     folder_a = checkpoint_plan(tiny_cfg(**A)).folder
     before = contents(folder_a)
     assert sorted({k.split("/")[0] for k in before}) == ["round_00002", "round_00003"]
@@ -67,10 +67,10 @@ def test_resume_after_a_finished_run_of_another_config_starts_over(tiny_cfg, cap
     assert len({p.name for p in checkpoint_plan(tiny_cfg(**B)).folder.parent.iterdir()}) == 2
 
 
-def test_a_checkpoint_in_the_folder_of_the_run_name_alone_is_resumed(tiny_cfg, monkeypatch):
+def test_a_checkpoint_in_the_folder_of_the_run_name_alone_is_resumed(tiny_cfg):
     """Checkpoints written before folders were keyed by identity (<run name>/round_*) of this very setup
     are still resumed."""
-    kill_after(tiny_cfg, monkeypatch, 0, **B)
+    kill_after(tiny_cfg, 0, **B)
     cfg = tiny_cfg(**B, resume=True)
     folder = checkpoint_plan(cfg).folder
     legacy = folder.parent / cfg.run_name()

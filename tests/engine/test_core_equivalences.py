@@ -15,7 +15,7 @@ def test_fedavg_one_client_equals_central(tiny_cfg):
     assert fed_rec["history"][0]["samples_trained"] == n - (1 if n % bs == 1 else 0)
 
 
-def test_resume_after_kill_equals_uninterrupted(tiny_cfg, monkeypatch):
+def test_resume_after_kill_equals_uninterrupted(tiny_cfg):
     base = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True}
-    resumed_rec, _ = kill_and_resume(tiny_cfg, monkeypatch, base)  # stopped after round 2 of 4
+    resumed_rec, _ = kill_and_resume(tiny_cfg, base)  # stopped after round 2 of 4
     assert [h["round"] for h in resumed_rec["history"]] == [0, 1, 2, 3]

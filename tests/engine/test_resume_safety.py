@@ -7,41 +7,32 @@ import time
 
 import pytest
 import torch
-from conftest import Killed, max_state_diff, run_in_process
+from conftest import Killed, max_state_diff, run_in_process, stop_after
 
 from bench.assembly.run_plan import checkpoint_plan
 from bench.cli import main
 from bench.core.errors import FedbenchError
-from bench.engine.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 
 BASE = {"fed.rounds": 4, "checkpoint_every": 1, "fed.keep_optimizer_state": True}
 
 
-def killed_after(tiny_cfg, monkeypatch, round_idx: int, slow_round: float = 0.0, **overrides):
-    """Run BASE (+ overrides) as experiment 'killed', stopped right after checkpointing ``round_idx``;
-    ``slow_round`` seconds are spent in round 0 (to make the first session's wall time visible)."""
-    from bench.engine.federation import Federation
+def killed_after(tiny_cfg, round_idx: int, slow_round: float = 0.0, **overrides):
+    """Run BASE (+ overrides) as experiment 'killed', stopped right after checkpointing ``round_idx`` (the run's
+    own round hook: conftest.stop_after); ``slow_round`` seconds are spent after round 0, inside the session
+    (to make the first session's wall time visible in the next checkpoint)."""
+    stop = stop_after(round_idx)
+    stop_at = type(stop).round_done
 
-    original_save, original_round = Checkpointer.save, Federation.run_round
-
-    def save_then_die(self, r, snapshot, clients):
-        original_save(self, r, snapshot, clients)
-        if r == round_idx:
-            raise Killed
-
-    def slow(self, r):
+    def round_done(r: int) -> None:
         if r == 0:
             time.sleep(slow_round)
-        return original_round(self, r)
+        stop_at(stop, r)
 
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
-    monkeypatch.setattr(Federation, "run_round", slow)
+    stop.round_done = round_done
     with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**BASE, **overrides, experiment="killed"))
-    monkeypatch.setattr(Checkpointer, "save", original_save)
-    monkeypatch.setattr(Federation, "run_round", original_round)
+        run_in_process(tiny_cfg(**BASE, **overrides, experiment="killed"), stop)
     return checkpoint_plan(tiny_cfg(**BASE, **overrides, experiment="killed")).folder
 
 
@@ -50,9 +41,9 @@ def uninterrupted(tiny_cfg):
     return run_in_process(tiny_cfg(**BASE, experiment="full"))
 
 
-def test_resume_refuses_another_config_and_force_records_it(tiny_cfg, monkeypatch, capsys):
+def test_resume_refuses_another_config_and_force_records_it(tiny_cfg, capsys):
     """Issue item 1: a resume with another lr and sample cap used to exit 0 with the old history."""
-    killed_after(tiny_cfg, monkeypatch, 1)
+    killed_after(tiny_cfg, 1)
     changed = {"method.lr": 0.5, "data.max_train_samples": 1000}
     with pytest.raises(FedbenchError) as err:
         run_in_process(tiny_cfg(**BASE, **changed, experiment="killed", resume=True))
@@ -74,10 +65,10 @@ def test_resume_refuses_another_config_and_force_records_it(tiny_cfg, monkeypatc
     assert [h["round"] for h in record["history"]] == [0, 1, 2, 3]
 
 
-def test_unchanged_execution_options_do_not_block_resume(tiny_cfg, monkeypatch, uninterrupted):
+def test_unchanged_execution_options_do_not_block_resume(tiny_cfg, uninterrupted):
     """Where things run (cache dir, threads, output dir, timeout) is not part of the binding."""
     _full_rec, full_state = uninterrupted
-    killed_after(tiny_cfg, monkeypatch, 1)
+    killed_after(tiny_cfg, 1)
     cfg = tiny_cfg(**BASE, experiment="killed", resume=True, timeout=3.0)
     cfg.data.cache_dir = cfg.data.cache_dir + "-elsewhere"
     record, state = run_in_process(cfg)
@@ -91,11 +82,11 @@ def test_only_the_last_two_checkpoints_are_kept(tiny_cfg):
     assert sorted(p.name for p in checkpoint_plan(cfg).folder.iterdir()) == ["round_00002", "round_00003"]
 
 
-def test_missing_rank_file_falls_back_to_the_older_checkpoint(tiny_cfg, monkeypatch, uninterrupted, capsys):
+def test_missing_rank_file_falls_back_to_the_older_checkpoint(tiny_cfg, uninterrupted, capsys):
     """Issue item 1 (also): a deleted clients_rank0.pt used to resume silently with empty client
     states (different result). Now that checkpoint is skipped, with a message, for the older one."""
     full_rec, full_state = uninterrupted
-    folder = killed_after(tiny_cfg, monkeypatch, 2)
+    folder = killed_after(tiny_cfg, 2)
     assert sorted(p.name for p in folder.iterdir()) == ["round_00001", "round_00002"]
     (folder / "round_00002" / "clients_rank0.pt").unlink()
     capsys.readouterr()
@@ -107,8 +98,8 @@ def test_missing_rank_file_falls_back_to_the_older_checkpoint(tiny_cfg, monkeypa
     assert [h["metrics"] for h in record["history"]] == [h["metrics"] for h in full_rec["history"]]
 
 
-def test_resume_refuses_when_no_checkpoint_is_complete(tiny_cfg, monkeypatch):
-    folder = killed_after(tiny_cfg, monkeypatch, 2)
+def test_resume_refuses_when_no_checkpoint_is_complete(tiny_cfg):
+    folder = killed_after(tiny_cfg, 2)
     for round_dir in folder.iterdir():
         (round_dir / "clients_rank0.pt").unlink()
     with pytest.raises(FedbenchError, match=r"Cannot resume: no usable checkpoint under .*round_00002: "
@@ -116,10 +107,10 @@ def test_resume_refuses_when_no_checkpoint_is_complete(tiny_cfg, monkeypatch):
         run_in_process(tiny_cfg(**BASE, experiment="killed", resume=True))
 
 
-def test_truncated_latest_checkpoint_falls_back(tiny_cfg, monkeypatch, uninterrupted, capsys):
+def test_truncated_latest_checkpoint_falls_back(tiny_cfg, uninterrupted, capsys):
     """Issue item 4b: a truncated latest global.pt crashed --resume with nothing to fall back to."""
     full_rec, full_state = uninterrupted
-    folder = killed_after(tiny_cfg, monkeypatch, 2)
+    folder = killed_after(tiny_cfg, 2)
     latest = folder / "round_00002" / "global.pt"
     latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
     capsys.readouterr()
@@ -140,9 +131,9 @@ class RunsACommand:
         return os.system, (self.command,)
 
 
-def test_crafted_checkpoint_is_refused_and_runs_nothing(tiny_cfg, monkeypatch, tmp_path):
+def test_crafted_checkpoint_is_refused_and_runs_nothing(tiny_cfg, tmp_path):
     """Issue item 2: a global.pt whose pickle calls os.system ran its command on --resume."""
-    folder = killed_after(tiny_cfg, monkeypatch, 0)
+    folder = killed_after(tiny_cfg, 0)
     marker = tmp_path / "pwned"
     crafted = folder / "round_00000" / "global.pt"
     torch.save({"round": 0, "global_state": RunsACommand(f"touch {marker}")}, crafted)
@@ -152,10 +143,10 @@ def test_crafted_checkpoint_is_refused_and_runs_nothing(tiny_cfg, monkeypatch, t
     assert not marker.exists()
 
 
-def test_wall_seconds_covers_every_session(tiny_cfg, monkeypatch):
+def test_wall_seconds_covers_every_session(tiny_cfg):
     """Issue item 8: a resumed run's wall_seconds counted only the resumed part."""
     pause = 2.0
-    folder = killed_after(tiny_cfg, monkeypatch, 1, slow_round=pause)
+    folder = killed_after(tiny_cfg, 1, slow_round=pause)
     first = torch.load(folder / "round_00001" / "global.pt", weights_only=True)["wall_seconds"]
     assert first >= pause
     started = time.time()

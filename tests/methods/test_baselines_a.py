@@ -381,8 +381,8 @@ def test_fedproto_uploads_class_means_and_averages_them(tiny_cfg, captured, monk
 
 # ---- server state survives a kill ----------------------------------------------------------
 @pytest.mark.parametrize("method", ["feddyn", "scaffold", "fednh", "fedproto"])
-def test_server_state_resumes_exactly(tiny_cfg, monkeypatch, method):
+def test_server_state_resumes_exactly(tiny_cfg, method):
     """FedDyn's h, Scaffold's c, FedNH's and FedProto's prototypes are checkpointed: a run killed
     after round 2 of 3 and resumed ends exactly where an uninterrupted run does."""
     base = {**SMALL, "method.name": method, "fed.rounds": 3, "fed.sample_ratio": 0.5, "checkpoint_every": 1}
-    kill_and_resume(tiny_cfg, monkeypatch, base)
+    kill_and_resume(tiny_cfg, base)

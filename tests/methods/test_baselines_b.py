@@ -312,9 +312,9 @@ def test_crerf_evaluates_the_server_retrained_classifier(tiny_cfg):
     assert classification_metrics(retrained, labels, dm.num_classes)["accuracy"] == pytest.approx(recorded, abs=1e-6)
 
 
-def test_crerf_server_state_resumes_exactly(tiny_cfg, monkeypatch):
+def test_crerf_server_state_resumes_exactly(tiny_cfg):
     """The federated features and the re-trained classifier are checkpointed: a run killed after
     round 2 of 3 and resumed ends exactly where an uninterrupted run does."""
     base = {"method.name": "crerf", "method.backbone": "simple-cnn", "fed.rounds": 3, "checkpoint_every": 1,
             "method.args": {"features_per_class": 10, "match_steps": 10, "retrain_epochs": 10}}
-    kill_and_resume(tiny_cfg, monkeypatch, base)
+    kill_and_resume(tiny_cfg, base)

@@ -272,12 +272,12 @@ def test_server_state_round_trip(text_cache):
     assert torch.equal(a.synthetic_batch(context(a, data, 7, 2))[0], b.synthetic_batch(context(b, data, 7, 2))[0])
 
 
-def test_fedbm_resumes_exactly(tiny_cfg, monkeypatch, text_cache):
+def test_fedbm_resumes_exactly(tiny_cfg, text_cache):
     """The generator is checkpointed: killed after round 2 of 3 and resumed = uninterrupted."""
     args = {**CHEAP_GEN, "gen_start": 1, "gen_every": 1, "text_cache_dir": text_cache}
     base = {**SMALL, "method.name": "fedbm", "method.args": args, "fed.rounds": 3, "fed.sample_ratio": 0.5,
             "checkpoint_every": 1}
-    kill_and_resume(tiny_cfg, monkeypatch, base)
+    kill_and_resume(tiny_cfg, base)
 
 
 # ---- (e) the offline text encoder on the papers' prompts --------------------------------------

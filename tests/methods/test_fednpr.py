@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import max_state_diff, run_in_process
+from conftest import Killed, max_state_diff, run_in_process, stop_after
 from official_layouts import ICH_SUBTYPES as SUBTYPES
 from official_layouts import build_isic, build_rsna_csv
 from official_layouts import ich_grey as grey
@@ -227,27 +227,20 @@ def test_npr_composes_with_another_method_in_a_few_lines(tiny_cfg):
     assert len(fed.client_metrics) == 4  # every client fine-tuned and evaluated
 
 
-class Killed(Exception):
-    pass
-
-
-def test_fednpr_per_resumes_with_its_prototypes_and_heads(tiny_cfg, monkeypatch):
+def test_fednpr_per_resumes_with_its_prototypes_and_heads(tiny_cfg):
+    from bench.assembly.run_plan import checkpoint_plan
     from bench.engine.checkpoint import Checkpointer
 
     base = {"fed.rounds": 3, "checkpoint_every": 1, "fed.sample_ratio": 0.5, "method.args": {"num_subclusters": 2}}
     full_rec, full_state = run_in_process(npr_cfg(tiny_cfg, "fednpr-per", experiment="full", **base))
-    original = Checkpointer.save
-
-    def save_then_die(self, r, snapshot, clients):
-        original(self, r, snapshot, clients)
-        assert all(PROTOTYPES_KEY in s and "personal" in s for s in clients.values() if s)
-        if r == 0:
-            raise Killed
-
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    killed = npr_cfg(tiny_cfg, "fednpr-per", experiment="killed", **base)
     with pytest.raises(Killed):
-        run_in_process(npr_cfg(tiny_cfg, "fednpr-per", experiment="killed", **base))
-    monkeypatch.setattr(Checkpointer, "save", original)
+        run_in_process(killed, stop_after(0))
+    # the checkpoint of round 0 holds every trained client's prototypes and personal head
+    checkpointer = Checkpointer(checkpoint_plan(killed), None)
+    snapshot, clients = checkpointer.read(checkpointer.latest())
+    assert snapshot["round"] == 0 and any(clients.values())
+    assert all(PROTOTYPES_KEY in s and "personal" in s for s in clients.values() if s)
     resumed_rec, resumed_state = run_in_process(npr_cfg(tiny_cfg, "fednpr-per", experiment="killed", resume=True, **base))
     assert max_state_diff(full_state, resumed_state) == 0.0
     assert [h["metrics"] for h in resumed_rec["history"]] == [h["metrics"] for h in full_rec["history"]]
