@@ -33,8 +33,9 @@ Where a method says what it does:
   prepare_splits(train, val, test)       once before the first round (frozen-encoder caches)
   feature_loss(ctx)           the loss on pooled features that objective terms add to (default: CE of the head)
 Parts, not base classes: the server side is a ServerPart the module holds (``server_side``: its upload
-shapes, server step, per-round scalars and checkpointed state); ``objective_terms`` (ObjectiveTerm: NPR, FedProx's proximal term, MOON's
-model-contrastive term, FedNTD's distillation) each bring options and a loss added by ``feature_objective``;
+shapes, server step, per-round scalars and checkpointed state); ``objective_terms`` (ObjectiveTerm: NPR,
+FedProx's proximal term, MOON's model-contrastive term, FedNTD's distillation) each bring options and a loss
+added by ``feature_objective``;
 ``compose`` registers a host class (an algorithm on a model: FedBABU, the CLIP fine-tune, the CLIP linear
 probe) with terms as a new method without writing a class.
 Declared by class attributes: personal_prefixes, frozen_prefixes, protocol, runs_centrally,

@@ -74,7 +74,8 @@ class RoundLog:
     rank_busy_seconds: list[float] = field(default_factory=list)
     rank_idle_seconds: list[float] = field(default_factory=list)
     train_loss: float | None = None  # mean local training loss over the round's clients' steps, by samples
-    method_scalars: dict[str, float] = field(default_factory=dict)  # objective terms' mean losses + the server part's scalars
+    # the objective terms' mean losses and the server part's scalars
+    method_scalars: dict[str, float] = field(default_factory=dict)
 
 
 def server_context(fabric, num_clients: int) -> ServerContext:
