@@ -78,13 +78,18 @@ def run_in_process(cfg, observer=None):
     return record, load_final_state(cfg)
 
 
-def stop_after(round_idx: int):
+def stop_after(round_idx: int, pause_after_first: float = 0.0):
     """A RunObserver that stops the run (``Killed``) once round ``round_idx`` is done and checkpointed: the
-    run's own hook (RunObserver.round_done), not a patched engine."""
+    run's own hook (RunObserver.round_done), not a patched engine. ``pause_after_first``: seconds spent after
+    round 0, inside the run (its wall time then shows in the next checkpoint)."""
+    import time
+
     from bench.assembly.run_outputs import RunObserver
 
     class StopAfter(RunObserver):
         def round_done(self, r: int) -> None:
+            if r == 0 and pause_after_first:
+                time.sleep(pause_after_first)
             if r == round_idx:
                 raise Killed
 

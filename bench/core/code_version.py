@@ -16,8 +16,9 @@ repository) of
 Each module counts by its name and its normalised syntax tree: comments, docstrings and other bare
 strings, line numbers and layout do not count. So a docstring edit changes no version, an edit to
 FedRS's loss changes the version of FedRS's runs only, and an edit to the round engine changes every
-run's. ``bench/tables``, ``bench/reporting``, ``bench/tracking``, ``bench/scheduling``, ``bench/commands``, ``bench/perf`` and ``bench/cli.py`` sit above the engine (tests/core/test_layering.py)
-and are outside every closure; this module (the identity itself) is left out too. Registrations are found
+run's. ``bench/tables``, ``bench/reporting``, ``bench/tracking``, ``bench/scheduling``, ``bench/commands``,
+``bench/perf`` and ``bench/cli.py`` sit above the engine (tests/core/test_layering.py) and are outside every
+closure; this module (the identity itself) is left out too. Registrations are found
 statically, so the version of any tree (a temporary copy in the tests) is computed without importing it.
 
 Records written before this scheme carry a whole-tree hash of raw bytes (the *legacy* version).

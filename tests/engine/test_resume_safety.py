@@ -22,17 +22,8 @@ def killed_after(tiny_cfg, round_idx: int, slow_round: float = 0.0, **overrides)
     """Run BASE (+ overrides) as experiment 'killed', stopped right after checkpointing ``round_idx`` (the run's
     own round hook: conftest.stop_after); ``slow_round`` seconds are spent after round 0, inside the session
     (to make the first session's wall time visible in the next checkpoint)."""
-    stop = stop_after(round_idx)
-    stop_at = type(stop).round_done
-
-    def round_done(r: int) -> None:
-        if r == 0:
-            time.sleep(slow_round)
-        stop_at(stop, r)
-
-    stop.round_done = round_done
     with pytest.raises(Killed):
-        run_in_process(tiny_cfg(**BASE, **overrides, experiment="killed"), stop)
+        run_in_process(tiny_cfg(**BASE, **overrides, experiment="killed"), stop_after(round_idx, slow_round))
     return checkpoint_plan(tiny_cfg(**BASE, **overrides, experiment="killed")).folder
 
 

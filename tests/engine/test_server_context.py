@@ -43,7 +43,7 @@ def test_the_server_step_divides_by_the_contexts_clients(tiny_cfg, captured):
     assert not hasattr(module, "c_sum") and not hasattr(module, "c")  # the state is the part's
 
 
-def test_the_module_contract_has_no_server_hooks_and_every_method_holds_a_part():
+def test_no_method_defines_the_old_server_hooks_and_the_part_has_five():
     assert not any(hasattr(FederatedModule, name) for name in OLD_HOOKS)
     for name in METHODS.names():
         cls = METHODS.get(name)
