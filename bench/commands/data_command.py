@@ -52,7 +52,7 @@ def table_datasets(path: str) -> list[str]:
     base = spec.base.get("data") or {}
     names = []
     for row in spec.rows:
-        data = base | (row.get("data") or {})
+        data = base | (row.overrides.get("data") or {})
         if data.get("name") and not data.get("root") and data["name"] not in names:
             names.append(data["name"])
     return names

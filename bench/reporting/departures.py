@@ -145,12 +145,12 @@ def table_departures(table: str, runs: list, protocols: dict, deps: dict[str, De
     deps = load_departures() if deps is None else deps
     found: dict[tuple[str, str], set[str]] = {}
     for r in runs:
-        if "average_of" not in r.row:
+        if not r.row.derived:
             ids = {d.id for d in deps.values() if moves(d, table, r.cfg, protocols[r.label])}
             for col in r.columns:
                 found.setdefault((r.label, col), set()).update(ids)
     for r in runs:
-        for source in r.row.get("average_of") or []:
+        for source in r.row.average_of or ():
             for col in r.columns:
                 found.setdefault((r.label, col), set()).update(found.get((source, col), set()))
     return {key: sorted(ids, key=id_key) for key, ids in found.items()}

@@ -40,6 +40,7 @@ from bench.tables.protocols import (
     protocol_facets,
     row_protocol,
 )
+from bench.tables.table_row import PAPER_REF_KEYS, TableRow
 from bench.tables.table_spec import TableSpec
 
 # runs behind a paper's mean ± std (the Welch test's n): 3 seeds (FedBM, FedCB), FedNPR's five-fold CV
@@ -51,26 +52,27 @@ PAPER_DATASETS = {"brain-tumor": "bt", "skin-cancer": "sc", "real-skin": "real"}
 # our metric -> the papers' names for it: FedNPR's bAUC is the mean one-vs-rest AUC over the classes
 # present in the test split, which is how bench/engine/metrics.py computes auc
 PAPER_METRICS = {"auc": ("auc", "balanced_auc")}
-REF_KEYS = ("paper_method", "paper_table", "paper_setting")
 
 
 def load_cells(spec: TableSpec, root: str = "results/paper") -> list[dict]:
     return [c for p in spec.papers for c in load_paper_numbers(p, root)]
 
 
-def per_paper(row: dict, key: str, paper: str, default: Any = None) -> Any:
+def per_paper(row: TableRow, key: str, paper: str, default: Any = None) -> Any:
     """A row's ``paper_method`` / ``paper_table`` / ``paper_setting`` for one paper."""
-    value = row.get(key, default)
+    value = getattr(row, key)
+    if value is None:
+        return default
     if isinstance(value, dict):  # a mapping lists the papers the row is compared with
         return value.get(paper, None if key == "paper_method" else default)
     return value
 
 
-def check_row_refs(spec: TableSpec, row: dict, where: str) -> None:
+def check_row_refs(spec: TableSpec, row: TableRow, where: str) -> None:
     """Mappings in a row's paper keys must name the table's papers."""
     papers = set(spec.papers)
-    for key in REF_KEYS:
-        value = row.get(key)
+    for key in PAPER_REF_KEYS:
+        value = getattr(row, key)
         if isinstance(value, dict) and not set(value) <= papers:
             raise FedbenchError(f"{where}: {key} names paper(s) {sorted(set(value) - papers)} that the table "
                                 f"does not compare with (paper: {sorted(papers)}).")
@@ -94,7 +96,7 @@ class RowLookup:
     """What one table row (in one column) looks up in the papers, and how it is measured."""
 
     label: str
-    row: dict
+    row: TableRow
     dataset: str
     protocol: RowProtocol
     partitions: list[str]  # papers' partition keys to try, in order
@@ -103,19 +105,19 @@ class RowLookup:
 def row_lookup(spec: TableSpec, run, column: Column) -> RowLookup:
     """The lookup of ``run``'s row in ``column`` (``run`` is the row's PlannedRun in that column)."""
     row = run.row
-    where = f"Table {spec.name}, row {row['label']!r}"
+    where = f"Table {spec.name}, row {row.label!r}"
     check_row_refs(spec, row, where)
-    dataset = row.get("paper_dataset") or spec.paper_dataset or PAPER_DATASETS.get(
+    dataset = row.paper_dataset or spec.paper_dataset or PAPER_DATASETS.get(
         run.cfg.data.name, run.cfg.data.name)
-    own = own_partition_key(row.get("partition") or {}) if row.get("partition_independent") else None
+    own = own_partition_key(row.partition) if row.partition_independent else None
     if own is not None:
         partitions = [own]
-    elif row.get("partition_independent"):
+    elif row.partition_independent:
         partitions = [column.paper_partition, "none"]
     else:
         partitions = [column.paper_partition]
     protocol = row_protocol(run.cfg, row, spec, where, getattr(run, "overrides", None), stand_in_reason(spec, run))
-    return RowLookup(row["label"], row, dataset, protocol, partitions)
+    return RowLookup(row.label, row, dataset, protocol, partitions)
 
 
 def stand_in_reason(spec: TableSpec, run) -> str | None:
@@ -124,7 +126,7 @@ def stand_in_reason(spec: TableSpec, run) -> str | None:
     dataset by design); None when it runs the paper's data."""
     if spec.stand_in:
         return spec.stand_in
-    named = run.row.get("paper_dataset") or spec.paper_dataset
+    named = run.row.paper_dataset or spec.paper_dataset
     own = PAPER_DATASETS.get(run.cfg.data.name, run.cfg.data.name)
     if named and named != own and not run.cfg.data.test_dataset:
         return f"it runs {run.cfg.data.name}, not the paper's {named}"

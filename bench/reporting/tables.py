@@ -120,7 +120,7 @@ def collect(spec: TableSpec, runs: list, records: dict[int, dict], columns: list
 def average_rows(runs: list, cells: dict, columns: list[Column], metrics: list[str]) -> None:
     """Rows with ``average_of`` (bench/scheduling/table_runner.py): per seed and column, the mean of
     the listed rows' values where all of them have one."""
-    derived = {r.label: r.row["average_of"] for r in runs if "average_of" in r.row}
+    derived = {r.label: list(r.row.average_of) for r in runs if r.row.derived}
     for label, sources in derived.items():
         for col in columns:
             for metric in metrics:
@@ -182,7 +182,7 @@ def weights_line(labels: list[str], runs: list, records: dict[int, dict]) -> str
     """Which weights each row ran with (from its records), rows with the same weights grouped."""
     groups: dict[str, list[str]] = {}
     for label in labels:
-        for rec in (records.get(id(r)) for r in runs if r.label == label and "average_of" not in r.row):
+        for rec in (records.get(id(r)) for r in runs if r.label == label and not r.row.derived):
             if rec is not None and label not in groups.setdefault(rec.get("backbone", "?"), []):
                 groups[rec.get("backbone", "?")].append(label)
     return "Weights: " + "; ".join(f"{w} ({', '.join(rows)})" for w, rows in groups.items()) + "."
@@ -216,7 +216,7 @@ def add_uncertainty(cells: dict, columns: list[Column], metrics: list[str], labe
     """Per cell: ``paired`` (the paired difference to the baseline, or None with ``paired_note`` saying why),
     ``test_se`` (the mean over seeds of the binomial standard error of a global-model accuracy) and ``best``."""
     ref = reference_eval(labels, protocols, baseline)
-    independent = {r.label for r in runs if r.row.get("partition_independent")}
+    independent = {r.label for r in runs if r.row.partition_independent}
     for (label, col_id, metric), cell in cells.items():
         ses = [v for v in cell.pop("test_se_values", []) if v is not None]
         cell["test_se"] = statistics.fmean(ses) if ses and protocols[label].eval == "global" else None
@@ -317,7 +317,7 @@ def legend_lines(spec: TableSpec, labels: list[str], protocols: dict[str, RowPro
             line += f" Rows evaluated otherwise ({', '.join(others)}) show —: they are not comparable with {baseline}."
         lines.append(line)
     ref = reference_eval(labels, protocols, baseline)
-    independent = list(dict.fromkeys(r.label for r in runs if r.row.get("partition_independent")))
+    independent = list(dict.fromkeys(r.label for r in runs if r.row.partition_independent))
     lines.append(f"Bold: per column, the best mean of the {EVAL_NAMES[ref]} rows"
                  + (f" (not {', '.join(independent)}, a reference)" if independent else "")
                  + ", and every such row whose mean ± std overlaps it (mean + std ≥ best mean − best std); never a "
@@ -405,7 +405,7 @@ def mark_departures(spec: TableSpec, runs: list, protocols: dict[str, RowProtoco
 
 def setup_record(runs: list, records: dict[int, dict]) -> dict | None:
     """The record the setup line describes: a federated row's (a zero-shot or central row runs another budget)."""
-    federated = [records[id(r)] for r in runs if id(r) in records and not r.row.get("partition_independent")]
+    federated = [records[id(r)] for r in runs if id(r) in records and not r.row.partition_independent]
     return federated[0] if federated else next(iter(records.values()), None)
 
 
@@ -423,7 +423,7 @@ def markdown(spec: TableSpec, runs: list, a: Assembled, grid: Grid, title: str, 
     legend = legend_lines(spec, a.labels, a.protocols, a.cells, a.papers, a.baseline, paper_shown, a.columns, runs,
                           a.records)
     legend += [f"- {label}: per {repeat_word(spec)}, the mean of rows {', '.join(sources)}."
-               for label, sources in ((r.label, r.row['average_of']) for r in runs if 'average_of' in r.row)]
+               for label, sources in ((r.label, r.row.average_of) for r in runs if r.row.derived)]
     md += [*dict.fromkeys(legend), *departure_legend(a.departures), ""]
     md += markdown_blocks(grid)
     md += warning_lines(a.cells, {c.id: c for c in a.columns})
@@ -483,7 +483,7 @@ def render_table(spec: TableSpec, runs: list, tables_dir: str = "results/tables"
         title_note or (REDUCED_TITLE if reduced else ""))
     md = markdown(spec, runs, a, grid, title, changes)
     out_dir = Path(tables_dir)
-    plotted = [r for r in runs if "average_of" not in r.row]  # derived rows have no curve of their own
+    plotted = [r for r in runs if not r.row.derived]  # derived rows have no curve of their own
     figures = {**plot_curves(spec, plotted, a.records, out_dir / f"{name}_curves.png", a.columns, baseline=a.baseline),
                **plot_partitions(spec, plotted, a.records, out_dir, name, a.columns)}
     if figures:

@@ -56,10 +56,10 @@ from bench.tables.columns import columns_from, table_columns
 from bench.tables.flags import CommandParser, options_yaml, spellings
 from bench.tables.spec import deep_merge, run_config
 from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_row import TableRow
 from bench.tables.table_spec import TableSpec, load_table_config
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
 
-DERIVED_ROW_KEYS = {"label", "average_of", "paper_method", "paper_table", "paper_setting", "paper_dataset"}
 # a table's runs score the test set at every evaluated round (its curves and test-based round rules
 # need them), unless its config says otherwise
 TABLE_DEFAULTS = {"fed": {"test_rounds": "all"}}
@@ -72,7 +72,7 @@ class PlannedRun:
     seed: int  # the table's repeat axis (rows are paired on it): the run's seed, or with ``folds`` its fold
     cfg: RunConfig
     columns: list[str]  # ids of the columns this run fills
-    row: dict = field(default_factory=dict)  # the row of the table config it comes from
+    row: TableRow = field(default_factory=lambda: TableRow("run"))  # the row of the table config it comes from
     # command-line (--set) changes to its budget (bench/tables/table_overrides.py): never comparable with a paper
     overrides: dict = field(default_factory=dict)
     fold: int | None = None  # its fold (data.fold) in a table with ``folds``
@@ -91,35 +91,34 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
     base_partition = deep_merge(RunConfig().to_dict()["partition"], spec.base_partition)
     runs = []
     for row in spec.rows:
-        if "average_of" in row:
+        if row.derived:
             continue  # derived rows take their runs from their sources, below
-        where = f"Table {experiment}, row {row['label']!r}"
-        overrides = {k: v for k, v in row.items() if k in OPTION_GROUPS}
-        if "columns" in row or "betas" in row:
-            row_base = deep_merge(base_partition, overrides.get("partition", {}))
-            mine = [c.id for c in columns_from(row.get("columns"), row.get("betas"), where, row_base)]
+        where = f"Table {experiment}, row {row.label!r}"
+        if row.columns is not None or row.betas is not None:
+            row_base = deep_merge(base_partition, row.partition)
+            mine = [c.id for c in columns_from(row.columns, row.betas, where, row_base)]
             if not set(mine) <= set(by_id) or any(by_id[c].derived for c in mine):
                 raise FedbenchError(f"{where}: columns {mine} not all in the table's run columns "
                                     f"{[c.id for c in ran]}.")
         else:
             mine = [c.id for c in ran]
-        if row.get("partition_independent"):
+        if row.partition_independent:
             mine = mine[:1]
         for col_id in mine:
             column = by_id[col_id]
             for axis, fold, repeat in table_repeats(spec):
-                run = {**repeat, "experiment": experiment + record_suffix(row, where)}
+                run = {**repeat, "experiment": experiment + (f"-{row.record_tag}" if row.record_tag else "")}
                 if output_dir:
                     run["output_dir"] = output_dir
-                cfg = run_config(TABLE_DEFAULTS, spec.base, {"partition": column.partition}, overrides,
+                cfg = run_config(TABLE_DEFAULTS, spec.base, {"partition": column.partition}, row.overrides,
                                  run, where=where)
                 if column.client_split_file and (cfg.data.client_split_file is None
                                                  or cfg.fed.client_test != "site"):
                     raise FedbenchError(f"{where}: column {column.id} is a published client split: set "
                                         "data.client_split_file (FedNPR's ich_datasplit_10cl.npy) and "
                                         "fed.client_test site.")
-                cols = [c.id for c in ran] if row.get("partition_independent") else [col_id]
-                runs.append(PlannedRun(row["label"], column.beta, axis, cfg, cols, row, fold=fold))
+                cols = [c.id for c in ran] if row.partition_independent else [col_id]
+                runs.append(PlannedRun(row.label, column.beta, axis, cfg, cols, row, fold=fold))
     runs += derived_runs(spec, runs)
     for label in dict.fromkeys(r.label for r in runs):
         covered = {c for r in runs if r.label == label for c in r.columns}
@@ -159,38 +158,23 @@ def fold_legend(spec: TableSpec) -> TableSpec:
                     f"cross-validation, seed {seed})", notes=f"{notes}\n{spec.notes or ''}")
 
 
-def record_suffix(row: dict, where: str) -> str:
-    """``-<tag>`` for a row with ``record_tag`` (its records go to their own experiment folder)."""
-    tag = row.get("record_tag")
-    if tag is None:
-        return ""
-    if not isinstance(tag, str) or not tag or not all(ch.isalnum() or ch in "-_." for ch in tag):
-        raise FedbenchError(f"{where}: record_tag must be a short name of letters, digits, '-', '_' or '.', "
-                            f"got {tag!r}.")
-    return f"-{tag}"
-
-
 def derived_runs(spec: TableSpec, runs: list[PlannedRun]) -> list[PlannedRun]:
     """The runs behind ``average_of`` rows: their first source row's (so they run nothing new and are
     measured as it is); the averaging happens when the table is rendered (tables.collect)."""
     out = []
     labels = {r.label for r in runs}
     for row in spec.rows:
-        if "average_of" not in row:
+        if not row.derived:
             continue
-        where = f"Table {spec.name}, row {row['label']!r}"
-        extra = set(row) - DERIVED_ROW_KEYS
-        if extra:
-            raise FedbenchError(f"{where}: a derived row (average_of) runs nothing, so it takes no {sorted(extra)}; "
-                                f"it may name {sorted(DERIVED_ROW_KEYS - {'label', 'average_of'})}.")
-        sources = row["average_of"]
-        if (not isinstance(sources, list) or len(sources) < 2 or len(set(sources)) != len(sources)
-                or not set(sources) <= labels):
-            raise FedbenchError(f"{where}: average_of must list at least two distinct labels of rows that run "
-                                f"(got {sources!r}; rows: {sorted(labels)}).")
+        sources = row.average_of
+        if not set(sources) <= labels:
+            raise FedbenchError(f"Table {spec.name}, row {row.label!r}: average_of must list at least two distinct "
+                                f"labels of rows that run (got {list(sources)!r}; rows: {sorted(labels)}).")
         first = next(r.row for r in runs if r.label == sources[0])
-        derived = {**{k: first[k] for k in ("round_rule", "partition_independent", "partition") if k in first}, **row}
-        out += [PlannedRun(row["label"], r.beta, r.seed, r.cfg, r.columns, derived, fold=r.fold)
+        # measured as its first source: that row's round rule, partition independence and own partition
+        derived = dataclasses.replace(row, round_rule=first.round_rule, partition_independent=first.partition_independent,
+                                      overrides={"partition": first.partition} if first.partition else {})
+        out += [PlannedRun(row.label, r.beta, r.seed, r.cfg, r.columns, derived, fold=r.fold)
                 for r in runs if r.label == sources[0]]
     return out
 

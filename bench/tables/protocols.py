@@ -64,6 +64,7 @@ from bench.core.errors import FedbenchError
 from bench.engine.val_scores import VAL_SCORES, metric_sum
 
 if TYPE_CHECKING:
+    from bench.tables.table_row import TableRow
     from bench.tables.table_spec import TableSpec
 
 EVALS = {
@@ -200,7 +201,7 @@ def describe_overrides(overrides: dict[str, Any] | None) -> str | None:
     return " ".join(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())
 
 
-def row_protocol(cfg, row: dict[str, Any], spec: TableSpec, where: str,
+def row_protocol(cfg, row: TableRow, spec: TableSpec, where: str,
                  overrides: dict[str, Any] | None = None, stand_in: str | None = None) -> RowProtocol:
     """The protocol of a row whose (first) run has config ``cfg``; ``overrides``: the command-line
     changes of its runs (bench/tables/table_overrides.py); ``stand_in``: why it is a stand-in."""
@@ -208,14 +209,14 @@ def row_protocol(cfg, row: dict[str, Any], spec: TableSpec, where: str,
 
     protocol, runs_centrally = method_traits(cfg.method.name)
     eval_protocol = cfg.scored_protocol(protocol, runs_centrally)
-    rule = row.get("round_rule") or default_round_rule(eval_protocol, spec.round_rule)
+    rule = row.round_rule or default_round_rule(eval_protocol, spec.round_rule)
     if rule not in ROUND_RULES:
         raise FedbenchError(f"{where}: unknown round_rule {rule!r}; choose one of {', '.join(ROUND_RULES)}.")
     if rule in NEEDS_VAL and eval_protocol == "per_client":
         raise FedbenchError(f"{where}: round_rule {rule!r} needs validation metrics, which the per-client "
                             "protocol has none of; use final or max-test-bacc.")
     stand_in = stand_in or spec.stand_in
-    partition = None if row.get("partition_independent") else partition_key(cfg)
+    partition = None if row.partition_independent else partition_key(cfg)
     return RowProtocol(eval_protocol, rule, cfg.method.name, run_setup(cfg, runs_centrally), partition,
                        describe_overrides(overrides), stand_in)
 

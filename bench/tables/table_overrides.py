@@ -252,7 +252,7 @@ class TableOverrides:
         if self.seeds is not None:
             out = dataclasses.replace(out, seeds=tuple(self.seeds))
         if self.rows is not None:
-            out = dataclasses.replace(out, rows=tuple(r for r in out.rows if r["label"] in self.rows))
+            out = dataclasses.replace(out, rows=tuple(r for r in out.rows if r.label in self.rows))
         if self.folds is not None:
             out = dataclasses.replace(out, run_folds=tuple(self.folds))  # table_repeats runs these folds of the K
         return out

@@ -13,18 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.assembly.config import OPTION_GROUPS
 from bench.core.errors import FedbenchError
 from bench.core.paths import plain_name, shipped
 from bench.tables.flags import config_kind
 from bench.tables.spec import RUN_KEYS, check_keys, check_overrides, load_spec, plain_copy
+from bench.tables.table_row import TableRow
 
 TABLE_KEYS = {"table", "dataset", "title", "base", "betas", "columns", "seeds", "metrics", "rows", "devices", "paper",
               "notes", "wandb", "round_rule", "paper_dataset", "uncovered", "baseline", "stand_in",
               "cannot_show", "folds"}
-# a row's own keys; its other keys override RunConfig's option groups
-ROW_OWN_KEYS = {"label", "partition_independent", "paper_method", "betas", "columns", "paper_table",
-                "paper_setting", "paper_dataset", "round_rule", "record_tag", "average_of"}
 UNCOVERED_KEYS = {"paper", "table", "dataset", "partition", "method", "metric", "setting", "reason"}
 DEFAULT_METRICS = ("accuracy", "f1")
 TEXT_KEYS = ("title", "notes", "round_rule", "paper_dataset", "stand_in", "cannot_show")
@@ -32,13 +29,13 @@ TEXT_KEYS = ("title", "notes", "round_rule", "paper_dataset", "stand_in", "canno
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table config as every command reads it. Rows stay mappings (a row mixes its own keys, ROW_OWN_KEYS,
-    with RunConfig overrides); everything else is typed, with its default filled in."""
+    """A table config as every command reads it: typed, with every default filled in (its rows are TableRows:
+    bench/tables/table_row.py)."""
 
     table: str
     dataset: str
     seeds: tuple[int, ...]
-    rows: tuple[dict[str, Any], ...]
+    rows: tuple[TableRow, ...]
     base: dict[str, Any]  # RunConfig overrides of every run
     columns: tuple[Any, ...] | None = None  # partition settings (columns.py), or
     betas: tuple[float, ...] | None = None  # sugar for Dirichlet columns
@@ -75,7 +72,7 @@ class TableSpec:
     @property
     def labels(self) -> list[str]:
         """The row labels, in order, once each (rows restricted to some columns share a label)."""
-        return list(dict.fromkeys(r["label"] for r in self.rows))
+        return list(dict.fromkeys(r.label for r in self.rows))
 
     @property
     def base_partition(self) -> dict[str, Any]:
@@ -133,15 +130,11 @@ def parse_seeds(seeds: Any, folds: Any, where: str) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def parse_rows(rows: Any, where: str) -> tuple[dict[str, Any], ...]:
+def parse_rows(rows: Any, where: str) -> tuple[TableRow, ...]:
     if not isinstance(rows, list) or not rows:
         raise FedbenchError(f"{where}: rows must list the table's rows ({{label: ..., method: {{name: ...}}}}), "
                             f"got {rows!r}.")
-    for row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("label"), str) or not row["label"]:
-            raise FedbenchError(f"{where}: every row is a mapping with a label (its name in the table), got {row!r}.")
-        check_overrides(row, f"{where}: row {row['label']!r}", ROW_OWN_KEYS | set(OPTION_GROUPS))
-    return tuple(plain_copy(row) for row in rows)
+    return tuple(TableRow.parse(row, where) for row in rows)
 
 
 def parse_metrics(metrics: Any, where: str) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from bench.scheduling.table_runner import check_plan, load_table_config, plan_ru
 from bench.tables.catalog import load
 from bench.tables.flags import hint_of
 from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_row import TableRow
 from bench.tables.table_spec import TableSpec
 from datamodules.base import DATASETS
 from datamodules.partitions import PARTITION_SCHEMES
@@ -122,7 +123,7 @@ def test_table_rows_and_sets_take_the_same_forms_and_keep_labels_with_commas():
                  ["--rows", "FedAvg", "--rows", "FedBM"], ["--rows", "FedAvg", "--rows+", "FedBM"]):
         args = parser.parse_args(["--config", TABLE, *argv])
         assert TableOverrides.parse(spec, args.set, args.seeds, args.rows).rows == ["FedAvg", "FedBM"], argv
-    labelled = dataclasses.replace(spec, rows=(*spec.rows, {"label": "FedCB, tau 10", "method": {"name": "fedcb"}}))
+    labelled = dataclasses.replace(spec, rows=(*spec.rows, TableRow("FedCB, tau 10", {"method": {"name": "fedcb"}})))
     for argv in (["--rows", "FedCB, tau 10"], ["--rows", '["FedCB, tau 10", FedAvg]']):
         args = parser.parse_args(["--config", TABLE, *argv])
         assert TableOverrides.parse(labelled, [], None, args.rows).rows[0] == "FedCB, tau 10"

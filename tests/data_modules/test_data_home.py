@@ -101,7 +101,7 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
     assert "- --set fed.rounds=1" in md and "- seeds [0] of the config's [0, 1, 2]" in md
     from bench.scheduling.table_runner import load_table_config
 
-    labels = dict.fromkeys(r["label"] for r in load_table_config(str(KVASIR)).rows)
+    labels = dict.fromkeys(r.label for r in load_table_config(str(KVASIR)).rows)
     assert f"- 2 of the config's {len(labels)} rows: FedAvg, FedBM" in md and len(labels) > 2
     assert "Weights: resnet18 (from scratch) (FedAvg); resnet18 (from scratch) + text encoder minilm (FedBM)." in md
     rows = [line for line in md.splitlines() if line.startswith("| Fed")]
@@ -115,5 +115,5 @@ def test_table_configs_leave_the_root_to_the_data_home():
 
     for path in sorted(Path(REPO / "configs" / "tables").glob("*.yaml")):
         spec = load_table_config(str(path))
-        datas = [spec.base.get("data", {})] + [r.get("data", {}) for r in spec.rows]
+        datas = [spec.base.get("data", {})] + [r.overrides.get("data", {}) for r in spec.rows]
         assert all("root" not in d for d in datas), f"{path.name} sets data.root; the data home does that"

@@ -58,11 +58,11 @@ def test_every_config_gets_a_small_offline_budget(config, tmp_path):
         assert (c.fed.rounds, c.fed.local_epochs, c.data.image_size, c.threads) == (2, 1, 16, 1)
         # never the full records: the overrides' own experiment (after a row's record_tag, if any)
         # (a derived average_of row is its first source row's run, so it carries that row's tag)
-        source = next((r for r in spec.rows if r["label"] == run.row["average_of"][0]), run.row) \
-            if "average_of" in run.row else run.row
-        tag = source.get("record_tag")
+        source = next((r for r in spec.rows if r.label == run.row.average_of[0]), run.row) \
+            if run.row.derived else run.row
+        tag = source.record_tag
         assert c.experiment.startswith(f"{spec.name}{'-' + tag if tag else ''}__set-")
-        own = next(r for r in spec.rows if r["label"] == run.label).get("partition", {})
+        own = next(r for r in spec.rows if r.label == run.label).partition
         scheme = own.get("scheme", spec.base_partition.get("scheme"))
         # natural partitions keep their sites; FedNTD's per-class shards (FST-CBDG) need s * N to be a multiple
         # of the classes: shards-2 of 10 classes -> 5 clients, shards-3 -> 10, shards-10 of CIFAR-100's 100 -> 10

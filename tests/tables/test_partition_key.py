@@ -29,7 +29,7 @@ def test_every_run_of_a_table_is_keyed_by_its_column(path):
     for r in runs:
         key = wandb_key(r.cfg)
         assert paper_partition(key) == partition_key(r.cfg)
-        for cid in ([] if r.row.get("partition_independent") else r.columns):
+        for cid in ([] if r.row.partition_independent else r.columns):
             if columns[cid].paper_partition not in ("none", "average"):
                 assert partition_key(r.cfg) == columns[cid].paper_partition, (path.stem, r.label, cid)
         column = parse_column(key) if key != "proportions" else None

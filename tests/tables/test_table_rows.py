@@ -44,9 +44,8 @@ def test_record_tag_separates_runs_that_differ_only_in_unnamed_options(tmp_path)
     # without tags the batch sizes still write their own records: a record's name holds its whole result
     # config (issue 27); the tag only makes the directory readable
     assert len({run_record_path(r.cfg) for r in distinct_runs(plan_runs(untagged, str(tmp_path)))}) == 4
-    bad = TableSpec.parse({**RAW, "rows": [{**RAW["rows"][0], "record_tag": "a/b"}]}, "t4.yaml")
-    with pytest.raises(FedbenchError, match="record_tag must be"):
-        plan_runs(bad, str(tmp_path))
+    with pytest.raises(FedbenchError, match="t4.yaml: row 'bs 4': record_tag must be"):  # when the config is read
+        TableSpec.parse({**RAW, "rows": [{**RAW["rows"][0], "record_tag": "a/b"}]}, "t4.yaml")
 
 
 def test_average_row_is_the_per_seed_mean_of_its_rows(tmp_path):
@@ -74,6 +73,9 @@ def test_coverage_counts_the_derived_row(tmp_path):
     for setting in ("batch_size=4", "batch_size=8", "batch_size=avg"):
         assert cells[("4", "bt", setting)]["covered"], setting
     assert not cells[("4", "bt", "batch_size=16")]["covered"]
-    bad = TableSpec.parse({**RAW, "rows": [*RAW["rows"][:2], {"label": "Avg", "average_of": ["bs 4"]}]}, "t4.yaml")
-    with pytest.raises(FedbenchError, match="at least two distinct labels"):
-        plan_runs(bad)
+    with pytest.raises(FedbenchError, match="row 'Avg': average_of must list at least two distinct labels"):
+        TableSpec.parse({**RAW, "rows": [*RAW["rows"][:2], {"label": "Avg", "average_of": ["bs 4"]}]}, "t4.yaml")
+    unknown = TableSpec.parse({**RAW, "rows": [*RAW["rows"][:2], {"label": "Avg", "average_of": ["bs 4", "bs 9"]}]},
+                              "t4.yaml")  # labels of rows that run: known once the rows are planned
+    with pytest.raises(FedbenchError, match=r"average_of must list .* rows that run \(got \['bs 4', 'bs 9'\]"):
+        plan_runs(unknown)

@@ -11,8 +11,10 @@ import pytest
 import yaml
 from conftest import REPO
 
+from bench.assembly.config import OPTION_GROUPS
 from bench.core.errors import FedbenchError
 from bench.tables.table_overrides import TableOverrides
+from bench.tables.table_row import ROW_OWN_KEYS
 from bench.tables.table_spec import DEFAULT_METRICS, TableSpec, load_table_config
 
 RAW = {"table": "t", "dataset": "digits", "betas": [0.1, 0.5], "seeds": [0, 1],
@@ -30,7 +32,13 @@ def test_every_committed_table_config_parses_with_its_values_typed():
         assert spec.seeds == tuple(raw["seeds"]) and spec.metrics == tuple(raw.get("metrics", DEFAULT_METRICS))
         paper = raw.get("paper") or []
         assert spec.papers == ((paper,) if isinstance(paper, str) else tuple(paper))
-        assert spec.rows == tuple(raw["rows"]) and spec.base == (raw.get("base") or {})
+        assert spec.base == (raw.get("base") or {}) and len(spec.rows) == len(raw["rows"])
+        for row, given in zip(spec.rows, raw["rows"]):  # each row: its own keys typed, its RunConfig overrides apart
+            assert row.label == given["label"]
+            assert row.overrides == {k: v for k, v in given.items() if k in OPTION_GROUPS}, row.label
+            for key in ROW_OWN_KEYS - {"label"}:
+                value = given.get(key, False if key == "partition_independent" else None)
+                assert getattr(row, key) == (tuple(value) if isinstance(value, list) else value), (row.label, key)
         assert spec.shown_title == raw.get("title", spec.name) and spec.folds == raw.get("folds")
         assert spec.baseline_given == ("baseline" in raw) and spec.wandb is bool(raw.get("wandb"))
 
@@ -52,14 +60,14 @@ def test_the_spec_is_frozen_and_owns_its_values():
         spec.seeds = (3,)
     raw["rows"][0]["method"]["name"] = "fedbm"  # the caller's mapping changes afterwards: the spec does not
     raw["base"]["partition"]["num_clients"] = 9
-    assert spec.rows[0]["method"]["name"] == "fedavg" and spec.base_partition["num_clients"] == 4
+    assert spec.rows[0].overrides["method"]["name"] == "fedavg" and spec.base_partition["num_clients"] == 4
 
 
 def test_a_command_line_selection_is_a_narrower_copy():
     spec = TableSpec.parse(RAW, "t.yaml")
     overrides = TableOverrides.parse(spec, [], "1", ["FedProx"])
     narrow = overrides.select(spec)
-    assert narrow.seeds == (1,) and [r["label"] for r in narrow.rows] == ["FedProx", "FedProx"]
+    assert narrow.seeds == (1,) and [r.label for r in narrow.rows] == ["FedProx", "FedProx"]
     assert spec.seeds == (0, 1) and len(spec.rows) == 3  # the config as loaded is untouched
     reduced = "**Not run at the config's budget** (a reduced run: not comparable with the full table)."
     assert overrides.describe(spec) == [reduced, "- seeds [1] of the config's [0, 1]", "- 1 of the config's 2 rows: FedProx"]
@@ -76,6 +84,15 @@ def test_a_command_line_selection_is_a_narrower_copy():
     ({"seeds": [0, 0]}, "t.yaml: seeds must list at least one seed"),
     ({"uncovered": [{"paper": "fedbm"}]}, "t.yaml: uncovered entry"),
     ({"colums": ["iid"]}, "t.yaml has unknown key(s) ['colums']"),
+    # a row's own keys are checked when the config is read, not when its runs are planned or its cells looked up
+    ({"rows": [{"label": "A", "partition_independent": "yes"}]}, "t.yaml: row 'A': partition_independent is true or"),
+    ({"rows": [{"label": "A", "paper_method": ["FedAvg"]}]}, "t.yaml: row 'A': paper_method is a name, or a mapping"),
+    ({"rows": [{"label": "A", "round_rule": 3}]}, "t.yaml: row 'A': round_rule must be text, got 3."),
+    ({"rows": [{"label": "A", "columns": "iid"}]}, "t.yaml: row 'A': columns must be a list, got 'iid'."),
+    ({"rows": [{"label": "A", "record_tag": "a b"}]}, "t.yaml: row 'A': record_tag must be a short name"),
+    ({"rows": [{"label": "A", "average_of": ["B", "C"], "fed": {"rounds": 2}}]},
+     "t.yaml: row 'A': a derived row (average_of) runs nothing, so it takes no ['fed']"),
+    ({"rows": [{"label": "A", "metod": {"name": "fedavg"}}]}, "t.yaml: row 'A' has unknown key(s) ['metod']"),
 ])
 def test_a_bad_value_is_one_error_naming_the_file(change, message):
     with pytest.raises(FedbenchError) as err:
