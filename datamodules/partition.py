@@ -6,23 +6,26 @@ A partition is a pure function of (labels, scheme, seed, options): every draw co
 :func:`partition` checks what every scheme needs (labels, client and class counts) and dispatches by
 name through :data:`~datamodules.partitions.PARTITION_SCHEMES`; each scheme is one file of
 ``datamodules/partitions/`` (``iid``, ``dirichlet``, ``dirichlet_missing``, ``shards``, ``lda``,
-``proportions``, ``natural``), whose docstring says how it draws. Adding a scheme is adding a file
-there (see ``datamodules/partitions/__init__.py``). The heatmap of a partition is drawn by
+``proportions``, ``natural``), whose docstring says how it draws and whose ``@takes`` dataclass declares the
+options it takes (a run's ``partition.args``, checked by :func:`scheme_options`). Adding a scheme is adding a
+file there (see ``datamodules/partitions/__init__.py``). The heatmap of a partition is drawn by
 ``bench/assembly/partition_plot.py``.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bench.core.errors import PartitionError
-from datamodules.partitions import PARTITION_SCHEMES, SchemeInput
+from bench.core.option_types import describe, matches
+from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, option_hints, options_of
 from datamodules.partitions.shards import SHARD_MODES, check_per_class_shards
 
-__all__ = ["SCHEMES", "SHARD_MODES", "Partition", "check_per_class_shards", "partition", "scheme_names"]
+__all__ = ["SCHEMES", "SHARD_MODES", "Partition", "check_per_class_shards", "partition", "scheme_names",
+           "scheme_options"]
 
 
 def scheme_names() -> list[str]:
@@ -78,36 +81,49 @@ def _check_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
+def scheme_options(scheme: str, args: Mapping[str, Any] | None = None) -> Any:
+    """The options dataclass of ``scheme`` filled from ``args`` (a run's ``partition.args``; the rest at their
+    defaults). An unknown scheme, an option the scheme does not take or a value of the wrong type is one
+    PartitionError naming what the scheme takes."""
+    if scheme not in scheme_names():
+        raise PartitionError(f"Unknown partition scheme {scheme!r}. Choose one of: {', '.join(scheme_names())}.")
+    args = dict(args or {})
+    hints = option_hints(scheme)
+    takes = ", ".join(f"{k} ({describe(h)})" for k, h in hints.items()) or "no options"
+    unknown = sorted(set(args) - set(hints))
+    if unknown:
+        raise PartitionError(f"partition.args for the {scheme!r} scheme has unknown option(s) {unknown}; "
+                             f"{scheme!r} takes: {takes}.")
+    for key, value in args.items():
+        if not matches(value, hints[key]):
+            raise PartitionError(f"partition.args.{key} of the {scheme!r} scheme must be {describe(hints[key])}, "
+                                 f"got {value!r}.")
+    return options_of(scheme)(**args)
+
+
 def partition(
     labels: np.ndarray,
     scheme: str,
     num_clients: int,
     seed: int,
     *,
-    beta: float | Sequence[float] = 0.5,
-    shards_per_client: int = 2,
-    min_size: int = 10,
     groups: np.ndarray | None = None,
-    missing_prob: float = 0.5,
     max_tries: int = 1000,
     num_classes: int | None = None,
-    shard_mode: str = "sorted",
-    client_proportions: Sequence[float] | None = None,
+    **args: Any,
 ) -> Partition:
-    """Split sample indices over ``num_clients`` clients by ``scheme`` (see the module docstring).
+    """Split sample indices over ``num_clients`` clients by ``scheme`` (see the module docstring); ``args``:
+    the scheme's own options (``beta=0.1``, ``shards_per_client=2``; checked by :func:`scheme_options`).
 
     Deterministic in (labels, scheme, num_clients, seed, options). ``num_classes`` defaults to
     ``labels.max() + 1`` (pass it when the last classes may have no sample). Raises
     :class:`PartitionError` with a fix-it message for impossible requests.
     """
-    if scheme not in scheme_names():
-        raise PartitionError(f"Unknown partition scheme {scheme!r}. Choose one of: {', '.join(scheme_names())}.")
+    options = scheme_options(scheme, args)
     labels = _check_labels(labels)
     num_classes = _check_counts(labels, num_clients, num_classes)
     drawn = PARTITION_SCHEMES.get(scheme)(SchemeInput(
-        labels, num_clients, num_classes, np.random.default_rng(seed), beta=beta, shards_per_client=shards_per_client,
-        min_size=min_size, groups=groups, missing_prob=missing_prob, max_tries=max_tries, shard_mode=shard_mode,
-        client_proportions=client_proportions))
+        labels, num_clients, num_classes, np.random.default_rng(seed), options, groups=groups, max_tries=max_tries))
     result = Partition(drawn.clients, drawn.proportions, scheme, options={"seed": int(seed), **drawn.options})
     result.class_counts = result.counts(labels, num_classes)
     return result

@@ -26,7 +26,7 @@ CHEAP_GEN = {"gen_start": 1, "gen_every": 1, "gen_steps": 2, "gen_batch": 8, "ge
 # the all-methods check: digits with the small CNN at 16 px, 4 clients, half sampled per round, 2 rounds, on a
 # class-stratified 400-image subset of the 1,437 training images (capped: it proves the same invariance)
 ALL_METHODS_BASE = {"data.image_size": 16, "data.max_train_samples": 400, "partition.num_clients": 4,
-                    "partition.beta": 0.5, "fed.rounds": 2, "fed.sample_ratio": 0.5}
+                    "partition.args.beta": 0.5, "fed.rounds": 2, "fed.sample_ratio": 0.5}
 # methods whose distinctive step would not happen in 2 rounds with their defaults
 ALL_METHODS_ARGS = {"fedbm": CHEAP_GEN}
 # methods scored another way (fed.protocol): the global model with per-client parts, client models
@@ -41,7 +41,7 @@ def base_cfg(root: Path, **overrides):
     cfg = RunConfig()
     cfg.data.name = "digits"
     cfg.data.cache_dir = str(root / "cache")
-    cfg.partition.num_clients, cfg.partition.beta, cfg.partition.min_size = 6, 0.5, 20
+    cfg.partition.num_clients, cfg.partition.args = 6, {"beta": 0.5, "min_size": 20}
     cfg.fed.rounds, cfg.fed.sample_ratio, cfg.fed.batch_size = 3, 0.5, 32
     cfg.method.backbone, cfg.method.lr = "simple-cnn", 0.05
     cfg.output_dir, cfg.checkpoint_dir = str(root / "runs"), str(root / "ckpt")
@@ -51,7 +51,28 @@ def base_cfg(root: Path, **overrides):
         *path, last = key.split(".")
         for p in path:
             obj = getattr(obj, p)
-        setattr(obj, last, value)
+        if isinstance(obj, dict):  # an option of partition.args / method.args
+            obj[last] = value
+        else:
+            setattr(obj, last, value)
+    return with_scheme_args(cfg, overrides)
+
+
+def with_scheme_args(cfg, overrides: dict):
+    """``cfg`` with the base's partition.args kept only where its scheme takes them (as a table's base args reach
+    only the columns whose scheme takes them): a case that switches to iid or natural drops beta and min_size;
+    args the case sets itself stay (an unknown scheme keeps them all: its error comes first)."""
+    from bench.core.registry import UnknownNameError
+    from datamodules.partitions import option_defaults
+
+    if "partition.args" in overrides:
+        return cfg
+    try:
+        takes = set(option_defaults(cfg.partition.scheme))
+    except UnknownNameError:
+        return cfg
+    cfg.partition.args = {k: v for k, v in cfg.partition.args.items()
+                          if k in takes or f"partition.args.{k}" in overrides}
     return cfg
 
 
@@ -74,7 +95,7 @@ def case_cfg(name: str, root: Path, devices: int, out: Path | None = None):
 for _method, _args, _backbone in [("fedavg", {}, "resnet18"), ("fedprox", {"mu": 0.01}, "simple-cnn")]:
     case(f"rank_invariance-{_method}")(
         lambda root, m=_method, a=_args, b=_backbone: {"method.name": m, "method.args": a, "method.backbone": b})
-case("rank_balance")(lambda root: {"partition.beta": 0.1, "fed.rounds": 3})
+case("rank_balance")(lambda root: {"partition.args.beta": 0.1, "fed.rounds": 3})
 for _method, _args in [("fedbm", CHEAP_GEN), ("fednpr", {"num_subclusters": 2})]:
     case(f"float64-{_method}")(lambda root, m=_method, a=_args: {
         "method.name": m, "method.args": a, "partition.num_clients": 4, "fed.rounds": 2, "precision": "64-true"})

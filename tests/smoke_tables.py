@@ -56,6 +56,7 @@ SMALL_BACKBONE = "simple-cnn"  # for from-scratch rows: a ResNet-18 step costs ~
 def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
     """The --set overrides that shrink ``config`` to a smoke budget and make it run offline."""
     from bench.assembly.experiment import method_arg_names
+    from bench.tables.catalog import scheme_option_names
     from lightning_modules.base import METHODS
     from lightning_modules.components.clip_models import OFFLINE_CLIP
     from lightning_modules.components.text_encoders import OFFLINE_ALTERNATIVE
@@ -65,8 +66,10 @@ def smoke_sets(config: Path, cache_dir: Path) -> dict[str, object]:
     accepted = set().union(*(method_arg_names(METHODS.get(r.cfg.method.name)) for r in runs))
     sets: dict[str, object] = {
         "fed.rounds": ROUNDS, "fed.local_epochs": 1, "data.image_size": IMAGE_SIZE, "data.val_fraction": 0.2,
-        "partition.min_size": MIN_CLIENT_SIZE, "data.cache_dir": str(cache_dir), "threads": 1,
+        "data.cache_dir": str(cache_dir), "threads": 1,
     }
+    if any("min_size" in scheme_option_names(r.cfg.partition.scheme) for r in runs):  # the Dirichlet and LDA runs
+        sets["partition.args.min_size"] = MIN_CLIENT_SIZE
     if not any(r.cfg.partition.scheme == "natural" for r in runs):  # natural partitions keep their sites
         sets["partition.num_clients"] = smoke_clients(runs)
     if "text_encoder" in accepted:
@@ -84,8 +87,8 @@ def smoke_clients(runs: list) -> int:
     """CLIENTS, or the fewest clients above it that FedNTD's per-class shards allow (s * N a multiple of K)."""
     from bench.assembly.validation import known_class_count
 
-    needs = {(r.cfg.partition.shards_per_client, known_class_count(r.cfg)) for r in runs
-             if r.cfg.partition.scheme == "shards" and r.cfg.partition.shard_mode == "per_class"}
+    needs = {(r.cfg.partition.args.get("shards_per_client", 2), known_class_count(r.cfg)) for r in runs
+             if r.cfg.partition.scheme == "shards" and r.cfg.partition.args.get("shard_mode") == "per_class"}
     return next(n for n in range(CLIENTS, 10_000) if all(k is None or s * n % k == 0 for s, k in needs))
 
 

@@ -58,12 +58,53 @@ class PartitionConfig:
     # lda, proportions, natural, or one of your own (README, "Adding a partition scheme")
     scheme: str = "dirichlet"
     num_clients: int = 10
-    beta: float = 0.5  # Dirichlet concentration (dirichlet, dirichlet_missing; lda's alpha)
-    shards_per_client: int = 2
-    min_size: int = 10
-    missing_prob: float = 0.5
-    shard_mode: Literal["sorted", "per_class"] = "sorted"  # shards: McMahan's sorted cut, or FedNTD's per class
-    proportions: list[float] | None = None  # proportions: one share per client, applied to every class
+    # the scheme's own options, checked against it (`fedbench list` names them): dirichlet {beta, min_size},
+    # dirichlet_missing {beta, min_size, missing_prob}, lda {beta (its alpha), min_size}, shards
+    # {shards_per_client, shard_mode}, proportions {proportions}; iid and natural take none
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def described_args(self) -> str:
+        """The options given, for a title: ``beta=0.1 min_size=20`` ("" when none)."""
+        return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.args.items())
+
+
+# The partition options before they moved under partition.args (they were PartitionConfig's fields), at their
+# defaults then. A run's name, result identity and result config are computed over this flat layout (result_config),
+# so a record or reference made before the move keeps its name and compares equal to today's config; its
+# identity too, unless its flat config carried an option its scheme does not read (a table's base shard_mode on
+# its iid runs): such a run gets another identity, and its record is found under its bare name
+# (bench/assembly/records.py find_record).
+FLAT_PARTITION_DEFAULTS = {"beta": 0.5, "shards_per_client": 2, "min_size": 10, "missing_prob": 0.5,
+                           "shard_mode": "sorted", "proportions": None}
+# which of those options each built-in scheme reads (the flat layout carried the others along, unread: a table's
+# base shard_mode reached its lda and iid runs too)
+FLAT_OPTIONS_READ = {"iid": (), "natural": (), "dirichlet": ("beta", "min_size"), "lda": ("beta", "min_size"),
+                     "dirichlet_missing": ("beta", "min_size", "missing_prob"), "proportions": ("proportions",),
+                     "shards": ("shards_per_client", "shard_mode")}
+
+
+def flat_partition(partition: dict[str, Any]) -> dict[str, Any]:
+    """A partition mapping in the layout before ``partition.args``: scheme, num_clients and the old options at
+    their old defaults with the args laid over them (a flat mapping, e.g. an old record's, is returned as is)."""
+    if "args" not in partition:
+        return dict(partition)
+    rest = {k: v for k, v in partition.items() if k != "args"}
+    args = partition["args"] if isinstance(partition["args"], dict) else {}
+    # a whole number given for a float option (beta: 1) is the float the old field held (beta: 1.0)
+    args = {k: float(v) if isinstance(FLAT_PARTITION_DEFAULTS.get(k), float) and type(v) is int else v
+            for k, v in args.items()}
+    return {**rest, **FLAT_PARTITION_DEFAULTS, **args}
+
+
+def read_options_only(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat partition mapping with the options its (built-in) scheme does not read at their old defaults: an
+    old record whose iid run carried the table's ``shard_mode: per_class`` is the same run as today's, which
+    carries no such option (a scheme of your own is returned as is)."""
+    read = FLAT_OPTIONS_READ.get(flat.get("scheme"))
+    if read is None:
+        return flat
+    return {k: FLAT_PARTITION_DEFAULTS[k] if k in FLAT_PARTITION_DEFAULTS and k not in read else v
+            for k, v in flat.items()}
 
 
 @dataclass
@@ -173,11 +214,13 @@ class RunConfig:
     def run_name(self) -> str:
         """method[-options digest][@protocol]_data_partition_cN_sSEED[_foldKofN]: what the run is, at a glance
         (the budget is not in it: see ``record_name``)."""
-        p = self.partition
-        part = {"dirichlet": f"dir{p.beta:g}", "dirichlet_missing": f"dirmiss{p.beta:g}", "lda": f"lda{p.beta:g}",
-                "shards": f"shards{p.shards_per_client}" + ("pc" if p.shard_mode == "per_class" else "")}
-        if p.scheme == "proportions":
-            shares = json.dumps(p.proportions, default=str).encode()
+        scheme, p = self.partition.scheme, flat_partition({"args": self.partition.args})
+        beta = p["beta"] if not isinstance(p["beta"], list) else "-".join(f"{b:g}" for b in p["beta"])
+        beta = f"{beta:g}" if isinstance(beta, int | float) else beta
+        part = {"dirichlet": f"dir{beta}", "dirichlet_missing": f"dirmiss{beta}", "lda": f"lda{beta}",
+                "shards": f"shards{p['shards_per_client']}" + ("pc" if p["shard_mode"] == "per_class" else "")}
+        if scheme == "proportions":
+            shares = json.dumps(p["proportions"], default=str).encode()
             part["proportions"] = f"prop{hashlib.sha1(shares).hexdigest()[:6]}"
         method = self.method.name
         if self.method.args:  # rows of one method with different options must not share a record
@@ -187,7 +230,7 @@ class RunConfig:
             method += f"@{self.fed.protocol}"
         data = self.data.name + (f"-on-{self.data.test_dataset}" if self.data.test_dataset else "")
         fold = "" if self.data.fold is None else f"_fold{self.data.fold}of{self.data.folds}"
-        return f"{method}_{data}_{part.get(p.scheme, p.scheme)}_c{p.num_clients}_s{self.seed}{fold}"
+        return f"{method}_{data}_{part.get(scheme, scheme)}_c{self.partition.num_clients}_s{self.seed}{fold}"
 
     def scored_protocol(self, method_protocol: str, runs_centrally: bool) -> str:
         """What the run is scored on (the one rule; bench/tables/protocols.py explains the protocols): the
@@ -241,7 +284,10 @@ def from_dict(d: dict[str, Any]) -> RunConfig:
 def result_config(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a config dict that determines a run's numbers: without the EXECUTION fields, except
     ``threads`` when it is neither unset nor 1 (torch threads per rank change the last bits of float
-    sums, so a run with 2 threads is not the same result as one with 1; bench/assembly/workers.py rank_threads)."""
+    sums, so a run with 2 threads is not the same result as one with 1; bench/assembly/workers.py rank_threads).
+    The partition is in its flat layout (``flat_partition``): records, references and result identities made
+    before ``partition.args`` hold it so, and ``min_size: 10`` given or left at its default is the same run;
+    options its scheme does not read count at their defaults (``read_options_only``)."""
     out, execution = {}, execution_keys(RunConfig)
     for key, value in d.items():
         if key == "threads" and value not in (None, 1):
@@ -251,7 +297,7 @@ def result_config(d: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in OPTION_GROUPS and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in execution_keys(OPTION_GROUPS[key])}
-        out[key] = value
+        out[key] = read_options_only(flat_partition(value)) if key == "partition" and isinstance(value, dict) else value
     return out
 
 

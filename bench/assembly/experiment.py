@@ -317,7 +317,7 @@ def write_outputs(run: Prepared, record: dict[str, Any]) -> None:
             counts = run.part.counts(dm.train.labels.numpy(), dm.num_classes)
             try:
                 plot_partition(counts, str(heatmap), list(dm.class_names),
-                               title=f"{cfg.data.name} {p.scheme} beta={p.beta:g} seed={cfg.seed}")
+                               title=f"{cfg.data.name} {p.scheme} {p.described_args()} seed={cfg.seed}")
             except OSError as err:
                 optional_output_failed(f"the partition heatmap {heatmap}", err)
     barrier(fabric, "rank 0 to write the record")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.assembly.config import RunConfig
+from bench.assembly.config import RunConfig, flat_partition
 from bench.core.batches import DeviceData
 from bench.core.errors import FedbenchError, PartitionError
 from bench.core.seeding import INIT, derive_seed
@@ -25,9 +25,7 @@ from datamodules.tensors import TensorSplit
 
 def partition_of(cfg: RunConfig, labels: np.ndarray, groups: np.ndarray | None):
     p = cfg.partition
-    return partition(labels, p.scheme, p.num_clients, cfg.seed, beta=p.beta, shards_per_client=p.shards_per_client,
-                     min_size=p.min_size, groups=groups, missing_prob=p.missing_prob, shard_mode=p.shard_mode,
-                     client_proportions=p.proportions)
+    return partition(labels, p.scheme, p.num_clients, cfg.seed, groups=groups, **p.args)
 
 
 
@@ -44,7 +42,7 @@ def run_partition(cfg: RunConfig, dm: FederatedDataModule):
             raise
         works = smallest_working_cap(cfg)
         fix = (f"--data.max_train_samples {works} works (the smallest of clients x min_size x 1.25^k that does)" if works else
-               "no cap up to the whole training split works: use fewer clients or a smaller partition.min_size")
+               "no cap up to the whole training split works: use fewer clients or a smaller partition.args.min_size")
         raise PartitionError(f"data.max_train_samples {cap} keeps {len(dm.train)} training samples, too few for "
                              f"this partition ({err}) {fix}.") from err
 
@@ -57,8 +55,8 @@ def smallest_working_cap(cfg: RunConfig) -> int | None:
     uncapped.data.max_train_samples = None
     dm = setup_datamodule(uncapped)  # the decode cache: no second decode
     full = dm.train.labels.numpy()
-    p = cfg.partition
-    cap = max(cfg.data.max_train_samples + 1, p.num_clients * max(1, p.min_size))
+    min_size = flat_partition({"args": cfg.partition.args})["min_size"]  # 10 for a scheme without one
+    cap = max(cfg.data.max_train_samples + 1, cfg.partition.num_clients * max(1, min_size))
     while cap < len(full):
         try:
             partition_of(cfg, full[stratified_subset(full, cap, dm.split_seed)], None)
@@ -149,7 +147,7 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
         site_tests = site_test_splits(train, test, len(parts))
     for c, idx in enumerate(parts):
         if len(idx) == 0:
-            raise PartitionError(f"Client {c} received no samples; use fewer clients or a larger partition.min_size.")
+            raise PartitionError(f"Client {c} received no samples; use fewer clients or a larger partition.args.min_size.")
         if site_tests is not None:
             out.append(ClientSplit(torch.as_tensor(idx, device=device),
                                    torch.as_tensor(site_tests[c], device=device), test_data))
@@ -158,7 +156,7 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
             tr, te = stratified_split(labels[idx], [1 - f, f], seed=derive_seed(cfg.seed, -1, c, INIT) % 2**32)
             if len(tr) == 0 or len(te) == 0:
                 raise PartitionError(f"Client {c} has {len(idx)} samples: too few for a {1 - f:.0%}/{f:.0%} "
-                                     "train/test split; raise partition.min_size.")
+                                     "train/test split; raise partition.args.min_size.")
             out.append(ClientSplit(torch.as_tensor(idx[tr], device=device), torch.as_tensor(idx[te], device=device)))
         else:
             out.append(ClientSplit(torch.as_tensor(idx, device=device)))
@@ -169,7 +167,7 @@ def client_splits(cfg: RunConfig, parts: list, train: TensorSplit, per_client: b
 def partition_plot_path(cfg: RunConfig) -> Path:
     """The client-by-class heatmap of a run's partition (it does not depend on the method)."""
     d = cfg.data
-    parts = [d.name, d.root, d.max_train_samples, d.val_fraction, cfg.to_dict()["partition"], cfg.seed]
+    parts = [d.name, d.root, d.max_train_samples, d.val_fraction, flat_partition(cfg.to_dict()["partition"]), cfg.seed]
     key = json.dumps(parts + ([d.client_split_file] if d.client_split_file else [])
                      + ([d.fold, d.folds] if d.fold is not None else []))
     name = cfg.run_name().split("_", 1)[1]  # the run name without the method

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.assembly.config import OPTION_GROUPS, PRECISION_DTYPES, RunConfig
-from bench.assembly.option_types import describe, matches
 from bench.core import compat
 from bench.core.errors import FedbenchError, PartitionError
+from bench.core.option_types import describe, matches
 from bench.core.paths import plain_name
 from datamodules.base import DATASETS, splittable_datasets
-from datamodules.partition import check_per_class_shards
+from datamodules.partition import check_per_class_shards, scheme_options
 from datamodules.partitions import PARTITION_SCHEMES
 from datamodules.tensors import human_bytes, machine_memory
 from lightning_modules.base import METHODS, FederatedModule
@@ -34,7 +34,7 @@ FILLED_BY_BUILDER = frozenset({"num_classes", "in_channels", "class_names", "dat
                                "optimizer", "lr", "momentum", "weight_decay", "gray_stem"})
 
 
-# ---- types (bench/assembly/option_types.py: matches, describe) ------------------------------------------
+# ---- types (bench/core/option_types.py: matches, describe) ------------------------------------------
 def check_value(name: str, value: Any, hint: Any) -> None:
     if not matches(value, hint):
         raise FedbenchError(f"{name} must be {describe(hint)}, got {value!r} ({type(value).__name__}).")
@@ -208,11 +208,7 @@ def check_ranges(cfg: RunConfig) -> None:
             "in [0, 1) (0: no validation split, per-client protocol only)", d.val_fraction)
     require(p.num_clients >= 1, "partition.num_clients", ">= 1", p.num_clients)
     PARTITION_SCHEMES.get(p.scheme)  # an unknown scheme: one error naming the closest and every registered one
-    if (p.scheme.startswith("dirichlet") or p.scheme == "lda") and not (finite(p.beta) and p.beta > 0):
-        raise PartitionError(f"partition.beta must be > 0, got {p.beta}.")
-    require(p.shards_per_client >= 1, "partition.shards_per_client", ">= 1", p.shards_per_client)
-    require(p.min_size >= 0, "partition.min_size", ">= 0", p.min_size)
-    require(finite(p.missing_prob) and 0 <= p.missing_prob < 1, "partition.missing_prob", "in [0, 1)", p.missing_prob)
+    check_partition_args(cfg)
     for name in ("rounds", "local_epochs", "batch_size", "eval_every"):
         if getattr(f, name) < 1:
             raise FedbenchError(f"fed.{name} must be >= 1, got {getattr(f, name)}.")
@@ -259,13 +255,35 @@ def known_class_count(cfg: RunConfig) -> int | None:
         return None
 
 
+def check_partition_args(cfg: RunConfig) -> None:
+    """``partition.args`` against the scheme (unknown options, wrong types: datamodules/partition.py
+    scheme_options), then the ranges of the built-in options the scheme takes."""
+    p = cfg.partition
+    if not isinstance(p.args, dict):
+        raise PartitionError(f"partition.args must be a mapping of the {p.scheme!r} scheme's options, got {p.args!r}.")
+    o = scheme_options(p.scheme, p.args)
+    beta = getattr(o, "beta", None)
+    if beta is not None and not all(finite(b) and b > 0 for b in (beta if isinstance(beta, list) else [beta])):
+        raise PartitionError(f"partition.args.beta must be > 0, got {beta}.")
+    if hasattr(o, "shards_per_client"):
+        require(o.shards_per_client >= 1, "partition.args.shards_per_client", ">= 1", o.shards_per_client)
+    if hasattr(o, "min_size"):
+        require(o.min_size >= 0, "partition.args.min_size", ">= 0", o.min_size)
+    if hasattr(o, "missing_prob"):
+        require(finite(o.missing_prob) and 0 <= o.missing_prob < 1, "partition.args.missing_prob", "in [0, 1)",
+                o.missing_prob)
+
+
 def check_partition(cfg: RunConfig) -> None:
     """FedNTD's per-class shards need s * N to be a multiple of the number of classes."""
     p = cfg.partition
-    if p.scheme == "shards" and p.shard_mode == "per_class":
+    if p.scheme != "shards":
+        return
+    o = scheme_options(p.scheme, p.args)
+    if o.shard_mode == "per_class":
         num_classes = known_class_count(cfg)
         if num_classes is not None:
-            check_per_class_shards(p.num_clients, p.shards_per_client, num_classes)
+            check_per_class_shards(p.num_clients, o.shards_per_client, num_classes)
 
 
 def check_precision(cfg: RunConfig) -> None:

@@ -51,10 +51,12 @@ def dataset_locations(home: Path, entries: dict[str, Any] | None = None) -> dict
     return out
 
 
-def scheme_descriptions(entries: dict[str, Any] | None = None) -> dict[str, str]:
-    """Partition scheme -> the first sentence of its description (bench/tables/catalog.py)."""
+def scheme_descriptions(entries: dict[str, Any] | None = None) -> dict[str, tuple[str, str]]:
+    """Partition scheme -> (its options with their defaults, the first sentence of its description)
+    (bench/tables/catalog.py)."""
     entries = catalog.load()["schemes"] if entries is None else entries
-    return {name: entries[name]["description"] for name in sorted(entries)}
+    return {name: (", ".join(f"{k}={v}" for k, v in sorted(entries[name]["options"].items())) or "-",
+                   entries[name]["description"]) for name in sorted(entries)}
 
 
 def table(rows: dict[str, str | tuple[str, ...]]) -> list[str]:
@@ -76,7 +78,8 @@ def listing(home: Path | None = None, entries: dict[str, Any] | None = None) -> 
         (f"Datasets ({len(datasets)}; --data.name NAME), looked for under the data home {home} "
          f"(--data-home DIR or ${DATA_HOME_ENV}; an explicit --data.root wins); fetchable: `fedbench data get "
          "NAME` downloads it, manual: it prints the steps:"), *table(datasets), "",
-        f"Partition schemes ({len(schemes)}; --partition.scheme NAME):", *table(schemes),
+        (f"Partition schemes ({len(schemes)}; --partition.scheme NAME, its options --partition.args "
+        "'{beta: 0.1}'; option=default):"), *table(schemes),
     ])
 
 

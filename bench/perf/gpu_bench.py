@@ -97,7 +97,7 @@ def one_run(args) -> None:
     cfg.data.root, cfg.data.cache_dir, cfg.data.image_size = args.root, f"{tmp}/cache", args.size
     cfg.data.max_test_samples = args.max_test
     if args.tiny:  # 168 training images cannot give 10 clients >= 10 images each at beta 0.05
-        cfg.partition.min_size = 2
+        cfg.partition.args = {**cfg.partition.args, "min_size": 2}
     cfg.fed.rounds, cfg.gpu_math = args.rounds, args.mode
     cfg.accelerator, cfg.devices, cfg.progress, cfg.threads = args.device, 1, False, args.threads
     cfg.output_dir, cfg.checkpoint_dir = f"{tmp}/runs", f"{tmp}/ckpt"

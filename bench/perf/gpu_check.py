@@ -49,7 +49,7 @@ def tiny_config(root: str, method: str, accelerator: str, **overrides) -> RunCon
     cfg = RunConfig()
     cfg.method.name, cfg.method.backbone, cfg.method.lr = method, "simple-cnn", 0.05
     cfg.data.name, cfg.data.cache_dir = "digits", f"{root}/cache"
-    cfg.partition.num_clients, cfg.partition.beta, cfg.partition.min_size = 4, 0.5, 20
+    cfg.partition.num_clients, cfg.partition.args = 4, {"beta": 0.5, "min_size": 20}
     cfg.fed.rounds, cfg.fed.sample_ratio, cfg.fed.batch_size = 2, 1.0, 32
     cfg.accelerator, cfg.devices, cfg.progress = accelerator, 1, False
     cfg.output_dir, cfg.checkpoint_dir = f"{root}/runs", f"{root}/ckpt"

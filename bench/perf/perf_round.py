@@ -26,7 +26,7 @@ from bench.perf.perf_env import clean_env
 PEER_ROUND_SECONDS = {"FL-bench": 65.24, "PFLlib": 86.31}
 GOAL_FRACTION = {"FL-bench": 0.75, "PFLlib": 0.55}
 CASE = ["--data.name", "fashion-mnist", "--partition.scheme", "dirichlet", "--partition.num_clients", "10",
-        "--partition.beta", "0.1", "--fed.sample_ratio", "0.5", "--fed.local_epochs", "1", "--fed.batch_size", "32",
+        "--partition.args", "{beta: 0.1}", "--fed.sample_ratio", "0.5", "--fed.local_epochs", "1", "--fed.batch_size", "32",
         "--method.name", "fedavg", "--method.backbone", "resnet18", "--method.optimizer", "sgd", "--method.lr", "0.01",
         "--seed", "0", "--experiment", "bench-round", "--progress", "false"]
 

@@ -89,6 +89,7 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
     if not ran:
         raise FedbenchError(f"Table {experiment}: every column is derived ({[c.id for c in columns]}); add partitions to run.")
     base_partition = deep_merge(RunConfig().to_dict()["partition"], spec.base_partition)
+    base = {k: v for k, v in spec.base.items() if k != "partition"}  # the partition: run_partition, per run
     runs = []
     for row in spec.rows:
         if row.derived:
@@ -110,8 +111,8 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
                 run = {**repeat, "experiment": experiment + (f"-{row.record_tag}" if row.record_tag else "")}
                 if output_dir:
                     run["output_dir"] = output_dir
-                cfg = run_config(TABLE_DEFAULTS, spec.base, {"partition": column.partition}, row.overrides,
-                                 run, where=where)
+                partition = run_partition(spec.base_partition, column.partition, row.partition)
+                cfg = run_config(TABLE_DEFAULTS, base, row.overrides, {"partition": partition}, run, where=where)
                 if column.client_split_file and (cfg.data.client_split_file is None
                                                  or cfg.fed.client_test != "site"):
                     raise FedbenchError(f"{where}: column {column.id} is a published client split: set "
@@ -119,6 +120,7 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
                                         "fed.client_test site.")
                 cols = [c.id for c in ran] if row.partition_independent else [col_id]
                 runs.append(PlannedRun(row.label, column.beta, axis, cfg, cols, row, fold=fold))
+    check_base_args(spec, runs)
     runs += derived_runs(spec, runs)
     for label in dict.fromkeys(r.label for r in runs):
         covered = {c for r in runs if r.label == label for c in r.columns}
@@ -156,6 +158,33 @@ def fold_legend(spec: TableSpec) -> TableSpec:
     return dataclasses.replace(
         spec, title=f"{spec.shown_title} — mean ± std over {folds_run(spec, article='')} ({folds}-fold "
                     f"cross-validation, seed {seed})", notes=f"{notes}\n{spec.notes or ''}")
+
+
+def run_partition(base: dict, column: dict, row: dict) -> dict:
+    """The partition of one run: the table's base partition, then its column's, then its row's own. The scheme
+    is the last one given; ``args`` merge option by option, and the base's and the column's apply only where the
+    run's scheme takes them (a base ``min_size`` reaches the Dirichlet columns, not iid; ``shard_mode`` the
+    shards columns); the row's own are its own (an option its scheme does not take is an error)."""
+    from bench.tables.catalog import scheme_option_names
+
+    merged = {**base, **column, **row}
+    scheme = merged.get("scheme", "dirichlet")
+    takes = scheme_option_names(scheme)
+    inherited = {**(base.get("args") or {}), **(column.get("args") or {})}
+    return {**merged, "args": {**{k: v for k, v in inherited.items() if k in takes}, **(row.get("args") or {})}}
+
+
+def check_base_args(spec: TableSpec, runs: list[PlannedRun]) -> None:
+    """Every option of the base partition's args is taken by the scheme of at least one run (a typo is named)."""
+    from bench.tables.catalog import scheme_option_names
+
+    given = set(spec.base_partition.get("args") or {})
+    taken = set().union(*(scheme_option_names(r.cfg.partition.scheme) for r in runs)) if runs else set()
+    if given - taken:
+        schemes = sorted({r.cfg.partition.scheme for r in runs})
+        raise FedbenchError(f"Table {spec.name}: base partition.args {sorted(given - taken)} is taken by none of "
+                            f"the table's partition schemes ({', '.join(schemes)}); "
+                            f"they take {sorted(taken) or 'no options'}.")
 
 
 def derived_runs(spec: TableSpec, runs: list[PlannedRun]) -> list[PlannedRun]:

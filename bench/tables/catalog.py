@@ -102,12 +102,29 @@ def check_names(method: str, datasets: list[str], scheme: str) -> None:
     """An unknown method, dataset or partition scheme is the registry's error (UnknownNameError, the same
     text), before anything imports the modules; a name the catalog lacks is looked up in its registry when
     that is imported already (a method registered at run time, by a test or a script)."""
+    for key, name in [("methods", method), *(("datasets", d) for d in datasets), ("schemes", scheme)]:
+        check_names_of(key, name)
+
+
+def scheme_option_names(scheme: str) -> set[str]:
+    """The options (``partition.args``) partition scheme ``scheme`` takes, from the catalog (an unknown name: the
+    registry's error)."""
+    check_names_of("schemes", scheme)
+    entry = load()["schemes"].get(scheme)
+    if entry is not None:
+        return set(entry["options"])
+    from datamodules.partitions import option_defaults
+
+    return set(option_defaults(scheme))
+
+
+def check_names_of(key: str, name: str) -> None:
+    """An unknown name of registry ``key`` is the registry's error (see ``check_names``)."""
     from bench.core.registry import unknown_name
 
-    entries = load()
-    for key, name in [("methods", method), *(("datasets", d) for d in datasets), ("schemes", scheme)]:
-        if name not in entries[key] and not registered(key, name):
-            raise unknown_name(KINDS[key], name, sorted(entries[key]))
+    entries = load()[key]
+    if name not in entries and not registered(key, name):
+        raise unknown_name(KINDS[key], name, sorted(entries))
 
 
 def registered(key: str, name: str) -> bool:
@@ -209,8 +226,9 @@ def dataset_entries() -> dict[str, dict[str, Any]]:
 def scheme_entries() -> dict[str, dict[str, Any]]:
     """Partition scheme -> the first sentence of its description in the docstring of the module that
     registers it (datamodules/partitions/<file>.py): its ``name`` entry, or the module's first line; the
-    scheme function's own docstring when its module has none."""
-    from datamodules.partitions import PARTITION_SCHEMES
+    scheme function's own docstring when its module has none; and its options (``partition.args``) with their
+    defaults."""
+    from datamodules.partitions import PARTITION_SCHEMES, option_defaults
 
     out = {}
     for name in PARTITION_SCHEMES.names():
@@ -218,7 +236,8 @@ def scheme_entries() -> dict[str, dict[str, Any]]:
         doc = getattr(sys.modules.get(scheme.__module__), "__doc__", None) or scheme.__doc__ or ""
         entry = re.search(rf"^``{re.escape(name)}``\n((?:    .*\n?)+)", doc, re.MULTILINE)
         text = entry.group(1) if entry else doc.split("\n\n")[0].removeprefix(f"``{name}``:")
-        out[name] = {"module": scheme.__module__, "description": one_line(" ".join(text.replace("``", "").split()))}
+        out[name] = {"module": scheme.__module__, "description": one_line(" ".join(text.replace("``", "").split())),
+                     "options": {k: plain(v) for k, v in option_defaults(name).items()}}
     return out
 
 

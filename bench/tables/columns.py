@@ -4,7 +4,7 @@ A table config lists its columns (``columns: [...]``); each is one of
 
     dirichlet-<beta>             per-class Dirichlet(beta) over the clients (FedBM, FedCB, FACMIC)
     dirichlet-classwise[-<beta>] per-class Dirichlet with randomly missing classes (FedNPR's RSNA-ICH;
-                                 scheme dirichlet_missing, missing_prob from the config); paper key
+                                 scheme dirichlet_missing, args.missing_prob from the config); paper key
                                  ``dirichlet-classwise`` (the papers do not print the beta)
     dirichlet-classwise-file     the class-wise Dirichlet split as published in a file (FedNPR's
                                  ich_datasplit_10cl.npy as data.client_split_file): the file's clients as sites
@@ -12,7 +12,7 @@ A table config lists its columns (``columns: [...]``); each is one of
                                  paper key ``dirichlet-classwise``
     lda-<alpha>                  FST-CBDG's "LDA": FedNTD's per-class Dirichlet(alpha) with a zero share for
                                  clients already holding 1/N of the data (scheme lda)
-    shards-<s>                   s label shards per client (scheme shards; the base partition's shard_mode
+    shards-<s>                   s label shards per client (scheme shards; the base partition's args.shard_mode
                                  says whose: McMahan's sorted cut or FedNTD's per-class shards)
     iid                          an even random split
     natural                      one client per natural site / writer (scheme natural)
@@ -23,8 +23,12 @@ A table config lists its columns (``columns: [...]``); each is one of
 
 ``betas: [0.05, 0.1]`` is sugar for Dirichlet columns: it gives ``dirichlet-<beta>`` columns (or
 ``dirichlet-classwise-<beta>`` when the base partition is dirichlet_missing; a single beta over a
-natural / iid / shards base partition gives that one column), each setting ``partition.beta``, as
+natural / iid / shards base partition gives that one column), each setting ``partition.args.beta``, as
 before columns existed.
+
+A column sets the scheme and its own option (``args.beta``, ``args.shards_per_client``); the table's base
+partition ``args`` apply to every column whose scheme takes them (``min_size`` to the Dirichlet and LDA columns,
+``shard_mode`` to the shards columns: bench/scheduling/table_runner.py run_partition).
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ _PATTERNS = (
     (re.compile(r"^shards-(\d+)$"), "shards"),
     (re.compile(r"^(iid|natural|none|average)$"), "plain"),
 )
-# partition schemes drawn with a concentration (partition.beta) -> their column kind
+# partition schemes drawn with a concentration (partition.args.beta) -> their column kind
 CONCENTRATION_KINDS = {"dirichlet": "dirichlet", "dirichlet_missing": "dirichlet-classwise", "lda": "lda"}
 KINDS = ("dirichlet-<beta>", "dirichlet-classwise[-<beta>]", "dirichlet-classwise-file", "lda-<alpha>",
          "shards-<s>", "iid", "natural", "none", "average")
@@ -81,7 +85,7 @@ def parse_column(text: str) -> Column:
             continue
         if kind == "dirichlet":
             b = float(m.group(1))
-            return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "beta": b}, beta=b)
+            return Column(text, f"dirichlet-{b:g}", f"β={b:g}", {"scheme": "dirichlet", "args": {"beta": b}}, beta=b)
         if kind == "dirichlet-classwise-file":
             return Column(text, "dirichlet-classwise", "published split", {"scheme": "natural"},
                           client_split_file=True)
@@ -89,13 +93,14 @@ def parse_column(text: str) -> Column:
             if m.group(1) is None:
                 return Column(text, "dirichlet-classwise", "class-wise Dir.", {"scheme": "dirichlet_missing"})
             b = float(m.group(1))
-            return Column(text, "dirichlet-classwise", f"β={b:g}", {"scheme": "dirichlet_missing", "beta": b}, beta=b)
+            return Column(text, "dirichlet-classwise", f"β={b:g}", {"scheme": "dirichlet_missing", "args": {"beta": b}},
+                          beta=b)
         if kind == "lda":
             a = float(m.group(1))
-            return Column(text, f"lda-{a:g}", f"α={a:g}", {"scheme": "lda", "beta": a}, beta=a)
+            return Column(text, f"lda-{a:g}", f"α={a:g}", {"scheme": "lda", "args": {"beta": a}}, beta=a)
         if kind == "shards":
             s = int(m.group(1))
-            return Column(text, f"shards-{s}", f"s={s}", {"scheme": "shards", "shards_per_client": s})
+            return Column(text, f"shards-{s}", f"s={s}", {"scheme": "shards", "args": {"shards_per_client": s}})
         name = m.group(1)
         if name == "none":
             return Column(text, "none", "centralised")
@@ -110,9 +115,20 @@ def run_column(partition: Any, client_split_file: Any = None) -> str:
     W&B's ``partition_key``, and through ``paper_partition`` the papers'): ``dirichlet-0.05``,
     ``dirichlet-classwise-0.3``, ``dirichlet-classwise-file`` (a published split read from a file),
     ``lda-0.1``, ``shards-2``, ``iid``, ``natural``; another scheme by its name. ``partition``: a
-    PartitionConfig or a config's partition mapping (a missing beta: the scheme's column kind)."""
-    get = partition.get if isinstance(partition, dict) else lambda key, default=None: getattr(partition, key, default)
-    scheme, beta = get("scheme"), get("beta")
+    PartitionConfig (its options at their defaults when not given) or a config's partition mapping (a missing
+    beta: the scheme's column kind)."""
+    if isinstance(partition, dict):
+        args = partition.get("args") or {}
+        scheme = partition.get("scheme")
+
+        def get(key: str, default: Any = None) -> Any:
+            return args.get(key, default)
+    else:
+        from bench.assembly.config import flat_partition
+
+        scheme, flat = partition.scheme, flat_partition({"args": partition.args})
+        get = flat.get
+    beta = get("beta")
     if client_split_file:
         return "dirichlet-classwise-file"
     if scheme == "shards":
@@ -139,14 +155,14 @@ def paper_partition(column_id: str) -> str:
 
 
 def beta_column(beta: float, scheme: str, shards_per_client: int = 2) -> Column:
-    """The column ``betas: [beta]`` stands for over a base partition ``scheme`` (sets partition.beta)."""
+    """The column ``betas: [beta]`` stands for over a base partition ``scheme`` (sets partition.args.beta)."""
     b = float(beta)
     if scheme == "dirichlet":
-        return Column(f"dirichlet-{b:g}", f"dirichlet-{b:g}", f"β={b:g}", {"beta": b}, beta=b)
+        return Column(f"dirichlet-{b:g}", f"dirichlet-{b:g}", f"β={b:g}", {"args": {"beta": b}}, beta=b)
     if scheme == "dirichlet_missing":
-        return Column(f"dirichlet-classwise-{b:g}", "dirichlet-classwise", f"β={b:g}", {"beta": b}, beta=b)
+        return Column(f"dirichlet-classwise-{b:g}", "dirichlet-classwise", f"β={b:g}", {"args": {"beta": b}}, beta=b)
     name = f"shards-{shards_per_client}" if scheme == "shards" else scheme
-    return Column(name, name, name, {"beta": b}, beta=b)
+    return Column(name, name, name, {"args": {"beta": b}}, beta=b)
 
 
 def columns_from(columns: Any, betas: Any, where: str, base_partition: dict[str, Any]) -> list[Column]:
@@ -157,7 +173,8 @@ def columns_from(columns: Any, betas: Any, where: str, base_partition: dict[str,
         cols = [parse_column(c) for c in columns]
     elif betas is not None:
         scheme = base_partition.get("scheme", "dirichlet")
-        cols = [beta_column(b, scheme, base_partition.get("shards_per_client", 2)) for b in betas]
+        shards = (base_partition.get("args") or {}).get("shards_per_client", 2)
+        cols = [beta_column(b, scheme, shards) for b in betas]
         if scheme not in ("dirichlet", "dirichlet_missing") and len(cols) > 1:
             raise FedbenchError(f"{where}: 'betas' makes Dirichlet columns; the {scheme!r} partition has one "
                                 "column (use columns: [...] for other settings).")

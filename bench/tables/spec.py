@@ -17,7 +17,15 @@ from typing import Any
 
 import yaml
 
-from bench.assembly.config import OPTION_GROUPS, RunConfig, canonical, from_dict, result_config, with_defaults  # noqa: F401 (re-exported)
+from bench.assembly.config import (  # noqa: F401 (re-exported)
+    FLAT_PARTITION_DEFAULTS,
+    OPTION_GROUPS,
+    RunConfig,
+    canonical,
+    from_dict,
+    result_config,
+    with_defaults,
+)
 from bench.core.errors import FedbenchError
 from bench.core.paths import shipped
 
@@ -35,10 +43,15 @@ def check_keys(given: dict, allowed: Iterable[str], where: str, within: str = ""
 
 def check_overrides(overrides: dict, where: str, allowed: Iterable[str] = RUN_KEYS) -> None:
     """RunConfig overrides: ``allowed`` top-level keys, and in each option group only its fields
-    (``method.args`` is the method's own: build_module checks it)."""
+    (``method.args`` is the method's own: build_module checks it; ``partition.args`` the scheme's: validation)."""
     check_keys(overrides, allowed, where)
     for group, cls in OPTION_GROUPS.items():
         if isinstance(overrides.get(group), dict):
+            moved = sorted(set(overrides[group]) & set(FLAT_PARTITION_DEFAULTS)) if group == "partition" else []
+            if moved:  # a config written before the scheme options moved under partition.args
+                raise FedbenchError(f"{where}: partition option(s) {moved} are the scheme's own options now: write "
+                                    f"them under partition.args (e.g. partition: {{scheme: dirichlet, args: "
+                                    f"{{{moved[0]}: ...}}}}).")
             check_keys(overrides[group], [f.name for f in dataclasses.fields(cls)], where, within=group)
 
 

@@ -6,8 +6,9 @@ dotted RunConfig option (``fedbench run --print_config`` lists them); VALUE is r
 (``2`` an int, ``0.5`` a float, ``true``, ``null``, ``[1, 2]``, ``{mu: 0.1}``) and checked against the
 option's type. ``method.args.<name>`` sets a method option in the runs whose method accepts it
 (``--set method.args.text_encoder=minilm`` changes FedCB/FedBM rows and leaves FedAvg alone); it is an
-error when no row's method accepts it. The table's own axes are not options: ``seed`` is ``--seeds``,
-the partition's ``beta`` is the column, ``data.fold`` / ``data.folds`` are the table's ``folds:`` key, ``devices`` /
+error when no row's method accepts it. ``partition.args.<name>`` likewise sets a partition option in the runs
+whose scheme takes it (``--set partition.args.min_size=2``: the Dirichlet and LDA columns). The table's own axes
+are not options: ``seed`` is ``--seeds``, the partition's ``beta`` is the column, ``data.fold`` / ``data.folds`` are the table's ``folds:`` key, ``devices`` /
 ``output_dir`` / ``wandb`` are ``fedbench table`` flags.
 
 ``--seeds 0`` and ``--rows FedAvg,FedBM`` select a subset of the config's seeds and row labels.
@@ -43,18 +44,22 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from bench.assembly.config import OPTION_GROUPS, RunConfig, execution_keys, from_dict
-from bench.assembly.option_types import describe, matches
 from bench.core.errors import FedbenchError
+from bench.core.option_types import describe, matches
 
 if TYPE_CHECKING:
     from bench.tables.table_spec import TableSpec
 
 # the table's own axes and flags: not settable with --set (the message says what to use instead)
 RESERVED = {
-    "seed": "use --seeds", "experiment": "the table names its experiment", "partition.beta": "beta is the table's column",
+    "seed": "use --seeds", "experiment": "the table names its experiment", "partition.args.beta": "beta is the table's column",
+    "partition.args": "set one option: partition.args.<option>=VALUE",
     "devices": "use --devices", "output_dir": "use --output-dir", "wandb": "use --wandb",
     "data.fold": "the folds are the table's `folds:` key", "data.folds": "the folds are the table's `folds:` key",
 }
+# the option groups with options of their own (``<group>.args``): what a --set of one applies to, and its name
+OWN_ARGS = {"method": ("method", lambda cfg: cfg.method.name),
+            "partition": ("partition scheme", lambda cfg: cfg.partition.scheme)}
 # where the data is and how runs execute (bench/assembly/config.py's EXECUTION options): overriding these keeps the
 # table at the config's budget
 # Run options that change the arithmetic, not the budget: a table run with them is complete, but a result of
@@ -122,9 +127,11 @@ def checked_sets(items: list[str]) -> dict[str, Any]:
         key, value, text = parse_set(item)
         if key in RESERVED:
             raise FedbenchError(f"--set {key}: not a run option of a table ({RESERVED[key]}).")
-        if key.startswith("method.args."):
-            if not key[len("method.args."):] or "." in key[len("method.args."):]:
-                raise FedbenchError(f"--set {key}: use method.args.<option>=VALUE (one option per --set).")
+        group = next((g for g in OWN_ARGS if key.startswith(f"{g}.args.")), None)
+        if group is not None:
+            option = key[len(f"{group}.args."):]
+            if not option or "." in option:
+                raise FedbenchError(f"--set {key}: use {group}.args.<option>=VALUE (one option per --set).")
             out[key] = value
             continue
         if key not in fields:
@@ -208,7 +215,7 @@ class TableOverrides:
     seeds: list[int] | None = None
     rows: list[str] | None = None
     folds: list[int] | None = None  # --folds: these of the config's K folds only
-    applied_to: dict[str, list[str]] = field(default_factory=dict)  # method.args key -> row labels it changed
+    applied_to: dict[str, list[str]] = field(default_factory=dict)  # <group>.args key -> row labels it changed
 
     @classmethod
     def parse(cls, spec: TableSpec, sets: list[str] | None, seeds: str | list[int] | None, rows: list[str] | None,
@@ -292,18 +299,28 @@ class TableOverrides:
 
         return method_arg_names(METHODS.get(name))
 
+    def accepts(self, d: dict[str, Any]) -> dict[str, set[str]]:
+        """The own options of a run config's method and partition scheme (``d``: its to_dict()), as far as a
+        ``--set <group>.args.*`` asks about them."""
+        from bench.tables.catalog import scheme_option_names
+
+        asked = {key.split(".")[0] for key in self.applied_to}
+        return {"method": self.method_accepts(d["method"]["name"]) if "method" in asked else set(),
+                "partition": scheme_option_names(d["partition"]["scheme"]) if "partition" in asked else set()}
+
     def apply(self, runs: list) -> None:
-        """Set every override in every planned run (method.args.* where the method accepts it)."""
-        for key in (k for k in self.sets if k.startswith("method.args.")):
+        """Set every override in every planned run (method.args.* where the method accepts it, partition.args.*
+        where the scheme takes it)."""
+        for key in (k for k in self.sets if k.split(".")[0] in OWN_ARGS and k.split(".")[1:2] == ["args"]):
             self.applied_to[key] = []
         budget = self.budget_sets
         for run in runs:
             d = run.cfg.to_dict()
-            accepts = self.method_accepts(d["method"]["name"]) if self.applied_to else set()
+            accepts = self.accepts(d) if self.applied_to else {}
             for key, value in self.sets.items():
                 *path, last = key.split(".")
-                if path == ["method", "args"]:
-                    if last not in accepts:
+                if len(path) == 2 and path[0] in OWN_ARGS and path[1] == "args":
+                    if last not in accepts[path[0]]:
                         continue
                     if run.label not in self.applied_to[key]:
                         self.applied_to[key].append(run.label)
@@ -317,9 +334,10 @@ class TableOverrides:
             run.cfg = from_dict(d)
         for key, labels in self.applied_to.items():
             if not labels:
-                methods = sorted({r.cfg.method.name for r in runs})
-                raise FedbenchError(f"--set {key}: no row's method accepts {key.split('.')[-1]!r} "
-                                    f"(methods in this table: {', '.join(methods)}).")
+                what, name = OWN_ARGS[key.split(".")[0]]
+                names = sorted({name(r.cfg) for r in runs})
+                raise FedbenchError(f"--set {key}: no row's {what} accepts {key.split('.')[-1]!r} "
+                                    f"({what}s in this table: {', '.join(names)}).")
 
     def blamed(self, message: str) -> str | None:
         """``KEY=VALUE`` of the --set a validation message is about (it starts with the option's name),

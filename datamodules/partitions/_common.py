@@ -18,7 +18,7 @@ def betas(beta: float | Sequence[float], num_classes: int) -> np.ndarray:
             f"beta must be one number or one per class ({num_classes}), got {len(out)} values."
         )
     if not np.all(np.isfinite(out)) or np.any(out <= 0):
-        raise PartitionError(f"Dirichlet beta must be > 0, got {beta}. Use e.g. --partition.beta 0.5 "
+        raise PartitionError(f"Dirichlet beta must be > 0, got {beta}. Use e.g. partition.args.beta 0.5 "
                              f"(smaller = more heterogeneous).")
     return out
 

@@ -14,39 +14,59 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from bench.core.errors import PartitionError
-from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput
+from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput, takes
 from datamodules.partitions._common import betas as checked_betas
 from datamodules.partitions._common import check_min_size, split_by_proportions
 
 
+@dataclass(frozen=True)
+class Concentration:
+    """The options of ``dirichlet`` (``partition.args``)."""
+
+    beta: float | list[float] = 0.5  # the concentration: one, or one per class (smaller = more skewed)
+    min_size: int = 10  # every client holds at least this many samples (redrawn until it does)
+
+
+@dataclass(frozen=True)
+class MissingClasses(Concentration):
+    """The options of ``dirichlet_missing``: those of ``dirichlet`` and how often a client lacks a class."""
+
+    missing_prob: float = 0.5
+
+
 @PARTITION_SCHEMES.register("dirichlet")
+@takes(Concentration)
 def dirichlet(s: SchemeInput) -> SchemeOutput:
     return _dirichlet_scheme(s, missing=False)
 
 
 @PARTITION_SCHEMES.register("dirichlet_missing")
+@takes(MissingClasses)
 def dirichlet_missing(s: SchemeInput) -> SchemeOutput:
     return _dirichlet_scheme(s, missing=True)
 
 
 def _dirichlet_scheme(s: SchemeInput, missing: bool) -> SchemeOutput:
     """Check the options, draw, and record beta (and missing_prob) and min_size."""
-    betas = checked_betas(s.beta, s.num_classes)
+    o = s.options
+    betas = checked_betas(o.beta, s.num_classes)
     options = {}
     missing_prob = None
     if missing:
-        if not 0.0 <= s.missing_prob < 1.0:
-            raise PartitionError(f"missing_prob must be in [0, 1), got {s.missing_prob}.")
-        missing_prob = float(s.missing_prob)
+        if not 0.0 <= o.missing_prob < 1.0:
+            raise PartitionError(f"missing_prob must be in [0, 1), got {o.missing_prob}.")
+        missing_prob = float(o.missing_prob)
         options["missing_prob"] = missing_prob
-    check_min_size(s.min_size, s.num_clients, len(s.labels))
+    check_min_size(o.min_size, s.num_clients, len(s.labels))
     if s.max_tries < 1:
         raise PartitionError(f"max_tries must be >= 1, got {s.max_tries}.")
-    clients, proportions = _draw(s.labels, s.num_clients, s.rng, betas, s.min_size, s.max_tries, missing_prob)
-    options.update(beta=float(betas[0]) if np.ndim(s.beta) == 0 else betas.tolist(), min_size=int(s.min_size))
+    clients, proportions = _draw(s.labels, s.num_clients, s.rng, betas, o.min_size, s.max_tries, missing_prob)
+    options.update(beta=float(betas[0]) if np.ndim(o.beta) == 0 else betas.tolist(), min_size=int(o.min_size))
     return SchemeOutput(clients, proportions, options)
 
 
@@ -74,5 +94,5 @@ def _draw(
     raise PartitionError(
         f"No Dirichlet partition with every one of the {num_clients} clients holding >= {min_size} samples "
         f"in {max_tries} draws (smallest client: {smallest}). Use a larger beta, fewer clients or a smaller "
-        f"min_size (--partition.beta / --partition.num_clients / --partition.min_size)."
+        f"min_size (partition.args.beta / partition.num_clients / partition.args.min_size)."
     )

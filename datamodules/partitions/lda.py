@@ -7,22 +7,34 @@ is renormalised; the whole draw repeats until every client has at least ``min_si
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from bench.core.errors import PartitionError
-from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput
+from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput, takes
 from datamodules.partitions._common import betas, check_min_size
 
 
+@dataclass(frozen=True)
+class Alpha:
+    """The options of ``lda`` (``partition.args``)."""
+
+    beta: float = 0.5  # FedNTD's alpha, one number
+    min_size: int = 10  # every client holds at least this many samples (FedNTD: 10)
+
+
 @PARTITION_SCHEMES.register("lda")
+@takes(Alpha)
 def lda(s: SchemeInput) -> SchemeOutput:
-    alpha = float(betas(s.beta, 1)[0]) if np.ndim(s.beta) == 0 else None
+    o = s.options
+    alpha = float(betas(o.beta, 1)[0]) if np.ndim(o.beta) == 0 else None
     if alpha is None:
-        raise PartitionError(f"lda takes one alpha (partition.beta), got {s.beta!r}.")
-    check_min_size(s.min_size, s.num_clients, len(s.labels))
-    clients, proportions = _draw(s.labels, s.num_clients, s.rng, alpha, s.min_size, max(1, s.max_tries),
+        raise PartitionError(f"lda takes one alpha (partition.args.beta), got {o.beta!r}.")
+    check_min_size(o.min_size, s.num_clients, len(s.labels))
+    clients, proportions = _draw(s.labels, s.num_clients, s.rng, alpha, o.min_size, max(1, s.max_tries),
                                  s.num_classes)
-    return SchemeOutput(clients, proportions, {"beta": alpha, "min_size": int(s.min_size)})
+    return SchemeOutput(clients, proportions, {"beta": alpha, "min_size": int(o.min_size)})
 
 
 def _draw(
@@ -54,5 +66,5 @@ def _draw(
                 return [np.sort(np.concatenate(p)) for p in parts], props
     raise PartitionError(
         f"No LDA partition with every one of the {num_clients} clients holding >= {min_size} samples in "
-        f"{max_tries} draws (smallest client: {smallest}). Use a larger alpha (--partition.beta), fewer clients "
+        f"{max_tries} draws (smallest client: {smallest}). Use a larger alpha (partition.args.beta), fewer clients "
         "or a smaller min_size.")

@@ -11,26 +11,39 @@ A shard never straddles two classes; a client may be dealt the same class twice.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 
 from bench.core.errors import PartitionError
-from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput
+from datamodules.partitions import PARTITION_SCHEMES, SchemeInput, SchemeOutput, takes
 
 SHARD_MODES = ("sorted", "per_class")
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """The options of ``shards`` (``partition.args``)."""
+
+    shards_per_client: int = 2
+    shard_mode: Literal["sorted", "per_class"] = "sorted"  # McMahan's sorted cut, or FedNTD's per class
+
+
 @PARTITION_SCHEMES.register("shards")
+@takes(Sharding)
 def shards(s: SchemeInput) -> SchemeOutput:
-    if s.shards_per_client < 1:
-        raise PartitionError(f"shards_per_client must be >= 1, got {s.shards_per_client}.")
-    if s.shard_mode not in SHARD_MODES:
-        raise PartitionError(f"shard_mode must be one of {', '.join(SHARD_MODES)}, got {s.shard_mode!r}.")
-    options = {"shards_per_client": int(s.shards_per_client)}
-    if s.shard_mode == "per_class":
-        clients = _per_class(s.labels, s.num_clients, s.rng, s.shards_per_client, s.num_classes)
-        options["shard_mode"] = s.shard_mode
+    o = s.options
+    if o.shards_per_client < 1:
+        raise PartitionError(f"shards_per_client must be >= 1, got {o.shards_per_client}.")
+    if o.shard_mode not in SHARD_MODES:
+        raise PartitionError(f"shard_mode must be one of {', '.join(SHARD_MODES)}, got {o.shard_mode!r}.")
+    options = {"shards_per_client": int(o.shards_per_client)}
+    if o.shard_mode == "per_class":
+        clients = _per_class(s.labels, s.num_clients, s.rng, o.shards_per_client, s.num_classes)
+        options["shard_mode"] = o.shard_mode
     else:
-        clients = _sorted(s.labels, s.num_clients, s.rng, s.shards_per_client)
+        clients = _sorted(s.labels, s.num_clients, s.rng, o.shards_per_client)
     return SchemeOutput(clients, None, options)
 
 

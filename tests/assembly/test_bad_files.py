@@ -93,7 +93,7 @@ def test_too_small_a_sample_cap_names_the_cap_and_one_that_works(tmp_path, capsy
     names the cap as the cause and a cap that works, which then runs."""
     from conftest import digits_run_argv
 
-    argv = [*digits_run_argv(tmp_path), "--accelerator", "cpu", "--partition.min_size", "20"]
+    argv = [*digits_run_argv(tmp_path), "--accelerator", "cpu", "--partition.args.min_size", "20"]
     assert main([*argv, "--data.max_train_samples", "5"]) == 2
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("fedbench: error:")]

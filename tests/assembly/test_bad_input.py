@@ -23,10 +23,15 @@ def written_files(tmp_path: Path) -> list[str]:
          "Dataset 'fashion-mnist' not found at '/nonexistent/fmnist'. Install Debian's package"),
         (["--data.name", "kvasirr"], "Unknown dataset 'kvasirr'. Did you mean 'kvasir'"),
         (["--fed.sample_ratio", "1.5"], "fed.sample_ratio must be in (0, 1], got 1.5."),
-        (["--partition.beta", "-1"], "partition.beta must be > 0, got -1.0."),
+        (["--partition.args.beta", "-1"], "partition.args.beta must be > 0, got -1."),
+        (["--partition.args.bta", "0.1"], ("partition.args for the 'dirichlet' scheme has unknown option(s) ['bta']; "
+                                          "'dirichlet' takes: beta (float or a list of float), min_size (int).")),
+        (["--partition.scheme", "iid", "--partition.args", "{beta: 0.1}"],
+         "partition.args for the 'iid' scheme has unknown option(s) ['beta']; 'iid' takes: no options."),
+        (["--partition.args.min_size", "ten"], "partition.args.min_size of the 'dirichlet' scheme must be int, got 'ten'."),
         (["--fed.rounds", "0"], "fed.rounds must be >= 1, got 0."),
-        (["--partition.num_clients", "60", "--partition.beta", "0.01", "--partition.min_size", "0"],
-         "received no samples; use fewer clients or a larger partition.min_size."),
+        (["--partition.num_clients", "60", "--partition.args", "{beta: 0.01, min_size: 0}"],
+         "received no samples; use fewer clients or a larger partition.args.min_size."),
         (["--method.lr", "1e9"], "The loss became NaN/inf in round 0"),
         (["--method.name", "fedprox", "--method.args", '{"muu": 0.1}'],
          "has unknown option(s) ['muu']; 'fedprox' accepts: ['mu']"),
@@ -34,7 +39,8 @@ def written_files(tmp_path: Path) -> list[str]:
         (["--precision", "bf16-true"], ("precision 'bf16-true' is not supported; choose one of ['32-true', "
                                         "'64-true', 'bf16-mixed', '16-mixed']")),
     ],
-    ids=["unknown-method", "missing-data", "unknown-dataset", "sample-ratio", "beta", "rounds",
+    ids=["unknown-method", "missing-data", "unknown-dataset", "sample-ratio", "beta", "partition-arg-typo",
+         "partition-arg-of-another-scheme", "partition-arg-type", "rounds",
          "empty-client", "nan-loss", "method-arg-typo", "optimizer-typo", "precision"],
 )
 def test_bad_run_input_is_one_clear_error_and_writes_nothing(tmp_path, capsys, extra, message):

@@ -31,7 +31,7 @@ def mean_train_loss(tmp_path: Path, root: Path, precision: str, seed: int) -> fl
     out = tmp_path / f"{precision}-{seed}"
     argv = ["run", "--data.name", "kvasir", "--data.root", str(root), "--data.image_size", str(SIZE),
             "--data.cache_dir", str(tmp_path / "cache"), "--method.backbone", "resnet18",
-            "--partition.scheme", "iid", "--partition.num_clients", "2", "--partition.min_size", "2",
+            "--partition.scheme", "iid", "--partition.num_clients", "2",
             "--fed.rounds", "3", "--fed.batch_size", "8", "--fed.lr_decay", "0.99", "--fed.test_rounds", "all",
             "--fed.keep_optimizer_state", "true",
             "--channels_last", "true", "--precision", precision, "--seed", str(seed), "--accelerator", "cpu",

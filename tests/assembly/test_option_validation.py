@@ -84,7 +84,7 @@ CASES = [
                                                                            "cannot be created")),
     (["--fed.round", "3"], "unrecognized arguments: --fed.round 3"),
     (["--resume", "forc"], "Given value: forc"),
-    (["--data.name", "class-folder", "--data.root", "{tmp}/data", "--partition.min_size", "2"],
+    (["--data.name", "class-folder", "--data.root", "{tmp}/data", "--partition.args.min_size", "2"],
      ("Dataset 'class-folder' under '{tmp}/data' gives 1 class(es) to train on (['only']; 1 declared): "
      "classification needs at least two.")),
     (["--method.optimizer", "adam", "--method.lr", "1e8"],

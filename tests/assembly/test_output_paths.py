@@ -60,7 +60,7 @@ def test_a_regression_entry_name_leaving_the_references_folder_is_refused_before
     config.write_text(yaml.safe_dump({
         "tolerance": {"test/accuracy": 1.0},
         "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")}, "fed": {"rounds": 1},
-                 "partition": {"num_clients": 2, "min_size": 5}, "method": {"backbone": "simple-cnn"}, "threads": 1},
+                 "partition": {"num_clients": 2, "args": {"min_size": 5}}, "method": {"backbone": "simple-cnn"}, "threads": 1},
         "runs": [{"name": "../../evil", "method": {"name": "fedavg"}}]}))
     assert main(["regression", "--config", str(config), "--reference-dir", str(refs), "--update",
                  "--reason", "probe"]) == 2

@@ -51,7 +51,7 @@ def start_table(tmp_path: Path, tag: str) -> subprocess.Popen:
     """`fedbench table --jobs 2` over 4 digits runs of 200 rounds (long enough to be killed mid-run)."""
     spec = {"table": "lifetime", "dataset": "digits", "betas": [0.5], "seeds": [0, 1], "metrics": ["accuracy"],
             "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")},
-                     "partition": {"num_clients": 4, "min_size": 10}, "fed": {"rounds": 200},
+                     "partition": {"num_clients": 4, "args": {"min_size": 10}}, "fed": {"rounds": 200},
                      "method": {"backbone": "simple-cnn"}, "threads": 1, "accelerator": "cpu"},
             "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}}, {"label": "FedProx", "method": {"name": "fedprox"}}]}
     config = tmp_path / "t.yaml"

@@ -127,9 +127,10 @@ def test_table_rows_and_sets_take_the_same_forms_and_keep_labels_with_commas():
     for argv in (["--rows", "FedCB, tau 10"], ["--rows", '["FedCB, tau 10", FedAvg]']):
         args = parser.parse_args(["--config", TABLE, *argv])
         assert TableOverrides.parse(labelled, [], None, args.rows).rows[0] == "FedCB, tau 10"
-    for argv in (["--set", "fed.rounds=2", "--set", "partition.proportions=[0.5,0.5]"],
-                 ["--set", "fed.rounds=2", "partition.proportions=[0.5,0.5]"]):
-        assert parser.parse_args(["--config", TABLE, *argv]).set == ["fed.rounds=2", "partition.proportions=[0.5,0.5]"]
+    for argv in (["--set", "fed.rounds=2", "--set", "partition.args.proportions=[0.5,0.5]"],
+                 ["--set", "fed.rounds=2", "partition.args.proportions=[0.5,0.5]"]):
+        assert parser.parse_args(["--config", TABLE, *argv]).set == ["fed.rounds=2",
+                                                                     "partition.args.proportions=[0.5,0.5]"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

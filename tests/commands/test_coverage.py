@@ -171,9 +171,9 @@ def test_every_partition_the_papers_print_is_a_column():
     assert {"dirichlet-classwise", "natural", "none", "iid", "average", "lda-0.1", "shards-10"} <= parts
     for p in parts:
         assert parse_column(p).paper_partition == p
-    assert parse_column("lda-0.3").partition == {"scheme": "lda", "beta": 0.3}  # FedNTD's LDA
-    assert parse_column("shards-5").partition == {"scheme": "shards", "shards_per_client": 5}
-    assert parse_column("dirichlet-classwise-0.5").partition == {"scheme": "dirichlet_missing", "beta": 0.5}
+    assert parse_column("lda-0.3").partition == {"scheme": "lda", "args": {"beta": 0.3}}  # FedNTD's LDA
+    assert parse_column("shards-5").partition == {"scheme": "shards", "args": {"shards_per_client": 5}}
+    assert parse_column("dirichlet-classwise-0.5").partition == {"scheme": "dirichlet_missing", "args": {"beta": 0.5}}
     assert parse_column("average").derived and parse_column("natural").partition == {"scheme": "natural"}
     with pytest.raises(FedbenchError, match="Unknown column 'dirichlet'"):
         parse_column("dirichlet")
@@ -188,21 +188,29 @@ def test_betas_are_sugar_for_dirichlet_columns():
             "seeds": [0], "rows": [{"label": "A", "method": {"name": "fedavg"}}]}
     cols = table_columns(TableSpec.parse(spec, "t.yaml"))
     assert [(c.id, c.paper_partition, c.label, c.partition) for c in cols] == [
-        ("dirichlet-0.05", "dirichlet-0.05", "β=0.05", {"beta": 0.05}),
-        ("dirichlet-0.1", "dirichlet-0.1", "β=0.1", {"beta": 0.1})]
+        ("dirichlet-0.05", "dirichlet-0.05", "β=0.05", {"args": {"beta": 0.05}}),
+        ("dirichlet-0.1", "dirichlet-0.1", "β=0.1", {"args": {"beta": 0.1}})]
     assert beta_column(0.5, "dirichlet_missing").paper_partition == "dirichlet-classwise"
     assert beta_column(1.0, "natural").paper_partition == "natural"
     with pytest.raises(FedbenchError, match="either 'columns' or 'betas'"):
         table_columns(TableSpec.parse({**spec, "columns": ["iid"]}, "t.yaml"))
-    # a column's partition lands in its runs; the row's own partition comes last
+    # a column's partition lands in its runs; the row's own partition comes last; the base's args reach the
+    # columns whose scheme takes them (min_size: lda; shard_mode: shards), nothing else
+    base = {"partition": {"scheme": "lda", "args": {"min_size": 4, "shard_mode": "per_class"}}}
     runs = plan_runs(table({"table": "t", "dataset": "digits", "columns": ["lda-0.3", "shards-5", "iid"], "seeds": [0],
-                      "rows": [{"label": "A", "method": {"name": "fedavg"}},
-                               {"label": "B", "method": {"name": "fedavg"}, "partition": {"num_clients": 3}}]}))
-    got = {(r.label, r.columns[0]): (r.cfg.partition.scheme, r.cfg.partition.beta, r.cfg.partition.shards_per_client,
-                                     r.cfg.partition.num_clients) for r in runs}
-    assert got[("A", "lda-0.3")] == ("lda", 0.3, 2, 10)
-    assert got[("A", "shards-5")] == ("shards", 0.5, 5, 10)
-    assert got[("B", "iid")] == ("iid", 0.5, 2, 3)
+                            "base": base,
+                            "rows": [{"label": "A", "method": {"name": "fedavg"}},
+                                     {"label": "B", "method": {"name": "fedavg"}, "partition": {"num_clients": 3}}]}))
+    got = {(r.label, r.columns[0]): (r.cfg.partition.scheme, r.cfg.partition.args, r.cfg.partition.num_clients)
+           for r in runs}
+    assert got[("A", "lda-0.3")] == ("lda", {"beta": 0.3, "min_size": 4}, 10)
+    assert got[("A", "shards-5")] == ("shards", {"shards_per_client": 5, "shard_mode": "per_class"}, 10)
+    assert got[("B", "iid")] == ("iid", {}, 3)
+    with pytest.raises(FedbenchError, match=r"base partition.args \['min_szie'\] is taken by none of the table's "
+                                            r"partition schemes \(iid, lda, shards\)"):
+        plan_runs(table({"table": "t", "dataset": "digits", "columns": ["lda-0.3", "shards-5", "iid"], "seeds": [0],
+                         "base": {"partition": {"args": {"min_szie": 4}}},
+                         "rows": [{"label": "A", "method": {"name": "fedavg"}}]}))
 
 
 def test_identical_rows_share_one_run_and_rows_that_differ_get_their_own():

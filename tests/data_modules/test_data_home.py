@@ -78,7 +78,7 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
     experiments = [p.name for p in (tmp_path / "runs").iterdir()]
     assert len(experiments) == 1 and experiments[0].startswith("table2_kvasir__set-")
     records = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs" / experiments[0]).glob("*.json"))]
-    assert sorted((r["method"], r["config"]["partition"]["beta"]) for r in records) == [
+    assert sorted((r["method"], r["config"]["partition"]["args"]["beta"]) for r in records) == [
         ("fedavg", 0.05), ("fedavg", 0.1), ("fedbm", 0.05), ("fedbm", 0.1)]
     for rec in records:
         assert rec["overrides"] == {"fed.rounds": 1, "data.image_size": 16, "method.args.text_encoder": "minilm",
@@ -88,7 +88,7 @@ def test_kvasir_table_runs_from_the_data_home_with_overrides_and_no_yaml_edit(tm
         assert rec["config"]["fed"]["rounds"] == 1 and len(rec["history"]) == 1
         assert rec["config"]["seed"] == 0 and rec["config"]["data"]["image_size"] == 16
         assert rec["splits"] == {"train": 64, "val": 16, "test": 16}  # 7:1:2 of 12 per class, rounded per class
-    fedbm = {r["config"]["partition"]["beta"]: r["config"]["method"]["args"] for r in records if r["method"] == "fedbm"}
+    fedbm = {r["config"]["partition"]["args"]["beta"]: r["config"]["method"]["args"] for r in records if r["method"] == "fedbm"}
     assert fedbm[0.05]["tau"] == 12.5 and fedbm[0.1]["tau"] == 7.5  # the rows' own options kept
     assert {a["text_encoder"] for a in fedbm.values()} == {"minilm"}
 

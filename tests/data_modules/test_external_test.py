@@ -37,7 +37,7 @@ def test_every_bt2_image_is_the_test_set_of_a_run_trained_on_bt(tiny_cfg, brain)
     bt, bt2 = brain
     cfg = tiny_cfg(**{"data.name": "brain-tumor", "data.root": str(bt), "data.image_size": 16,
                       "data.test_dataset": "brain-tumor", "data.test_root": str(bt2), "partition.num_clients": 2,
-                      "partition.min_size": 2, "fed.rounds": 1, "fed.sample_ratio": 1.0, "fed.batch_size": 8})
+                      "partition.args.min_size": 2, "fed.rounds": 1, "fed.sample_ratio": 1.0, "fed.batch_size": 8})
     dm = setup_datamodule(cfg)
     assert len(dm.test) == 4 * (5 + 2)  # BT2's training and test folders, all of them
     assert torch.bincount(dm.test.labels).tolist() == [7, 7, 7, 7]

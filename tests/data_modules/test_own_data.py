@@ -57,7 +57,7 @@ def own_cfg(tiny_cfg, own_data, tmp_path):
             args.update(CHEAP_GEN, gen_start=1, gen_every=1)
         return tiny_cfg(**{"data.name": "class-folder", "data.root": str(own_data), "data.image_size": 8,
                            "method.name": method, "method.args": args, "partition.num_clients": 3,
-                           "partition.min_size": 5, "fed.rounds": 2, "fed.sample_ratio": 1.0, "experiment": method})
+                           "partition.args.min_size": 5, "fed.rounds": 2, "fed.sample_ratio": 1.0, "experiment": method})
 
     return make
 

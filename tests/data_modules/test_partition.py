@@ -19,7 +19,7 @@ GROUPS = np.arange(len(FMNIST_LIKE)) % 4
 def _run(scheme: str, labels: np.ndarray = FMNIST_LIKE, seed: int = 3, **kw):
     kw.setdefault("groups", GROUPS if scheme == "natural" else None)
     if scheme == "proportions":
-        kw.setdefault("client_proportions", [0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05])
+        kw.setdefault("proportions", [0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05])
     clients = 4 if scheme == "natural" else kw.pop("num_clients", 10)
     return partition(labels, scheme, clients, seed, **kw)
 
@@ -145,6 +145,13 @@ def test_dirichlet_missing_rate_tracks_missing_prob():
         ({"scheme": "dirichlet_missing", "missing_prob": 1.0}, "missing_prob must be in [0, 1)"),
         ({"scheme": "dirichlet", "min_size": 700}, "Use a smaller min_size or fewer clients"),
         ({"scheme": "dirichlet", "beta": [0.5, 0.5]}, "one per class (10)"),
+        # a scheme takes only its own options (partition.args), each of its type
+        ({"scheme": "iid", "beta": 0.5}, ("partition.args for the 'iid' scheme has unknown option(s) ['beta']; "
+                                         "'iid' takes: no options.")),
+        ({"scheme": "lda", "shard_mode": "per_class"}, "'lda' takes: beta (float), min_size (int)."),
+        ({"scheme": "shards", "shard_mode": "diagonal"},
+         "partition.args.shard_mode of the 'shards' scheme must be one of ['sorted', 'per_class'], got 'diagonal'."),
+        ({"scheme": "lda", "beta": [0.1, 0.2]}, "partition.args.beta of the 'lda' scheme must be float, got [0.1, 0.2]."),
     ],
 )
 def test_errors(kwargs, message):

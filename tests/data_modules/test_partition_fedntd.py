@@ -40,7 +40,7 @@ def test_per_class_shards_with_leftover_spread_one_per_shard():
 def test_per_class_shards_need_s_times_n_divisible_by_k():
     with pytest.raises(PartitionError, match="multiple of K"):
         partition(BALANCED, "shards", 7, seed=0, shards_per_client=3, shard_mode="per_class")
-    with pytest.raises(PartitionError, match="shard_mode must be one of"):
+    with pytest.raises(PartitionError, match="partition.args.shard_mode of the 'shards' scheme must be one of"):
         partition(BALANCED, "shards", 10, seed=0, shard_mode="by-label")
 
 
@@ -78,7 +78,7 @@ def test_lda_redraws_until_min_size_and_is_deterministic():
 def test_proportions_cut_every_class_by_the_same_vector():
     labels = np.repeat(np.arange(9), [114, 376, 95, 438, 357, 462, 77, 181, 139])  # SC's 2,239 training images
     sc_alpha_03 = [0.09358517, 0.61603834, 0.29037648]  # FACMIC's datasplit.py, SC at alpha 0.3
-    p = partition(labels, "proportions", 3, seed=0, client_proportions=sc_alpha_03)
+    p = partition(labels, "proportions", 3, seed=0, proportions=sc_alpha_03)
     for c in range(9):
         n_c = int((labels == c).sum())
         cuts = np.concatenate([[0], np.round(np.cumsum(sc_alpha_03)[:-1] * n_c), [n_c]]).astype(np.int64)
@@ -86,4 +86,4 @@ def test_proportions_cut_every_class_by_the_same_vector():
     # quantity skew with identical class ratios: Table 1's SC sizes (218, 1374, 647) to within 1% of the total
     assert np.abs(np.array(p.sizes()) - [218, 1374, 647]).max() <= 0.01 * len(labels)
     with pytest.raises(PartitionError, match="one per\nclient|one per client"):
-        partition(labels, "proportions", 3, seed=0, client_proportions=[0.5, 0.5])
+        partition(labels, "proportions", 3, seed=0, proportions=[0.5, 0.5])

@@ -39,11 +39,19 @@ def test_every_built_in_scheme_is_registered_from_its_own_file(registry):
 
 
 def test_a_scheme_registered_in_one_place_is_what_partition_runs(registry):
-    from datamodules.partitions import SchemeInput, SchemeOutput
+    from dataclasses import dataclass
+
+    from bench.core.errors import PartitionError
+    from datamodules.partitions import SchemeInput, SchemeOutput, takes
 
     seen = {}
 
+    @dataclass(frozen=True)
+    class Halves:
+        min_size: int = 0
+
     @registry.register("halves")
+    @takes(Halves)
     def halves(s: SchemeInput) -> SchemeOutput:
         seen["input"] = s
         order = s.rng.permutation(len(s.labels))
@@ -55,8 +63,13 @@ def test_a_scheme_registered_in_one_place_is_what_partition_runs(registry):
     assert p.scheme == "halves" and p.options == {"seed": 5, "min_size": 3}
     assert p.class_counts.shape == (2, 6) and p.class_counts.sum() == len(LABELS)
     s = seen["input"]
-    assert s.num_clients == 2 and s.num_classes == 6 and s.min_size == 3 and s.labels.dtype == np.int64
+    assert s.num_clients == 2 and s.num_classes == 6 and s.options == Halves(3) and s.labels.dtype == np.int64
     assert "halves" in registry.names()
+    partition(LABELS, "halves", 2, seed=5)
+    assert seen["input"].options == Halves(0)  # an option not given: its default
+    with pytest.raises(PartitionError, match=r"'halves' scheme has unknown option\(s\) \['beta'\]; 'halves' takes: "
+                                             r"min_size \(int\)"):
+        partition(LABELS, "halves", 2, seed=5, beta=0.5)
 
 
 def test_the_documented_example_scheme_is_one_file_that_runs_as_written(registry, tmp_path):
@@ -70,6 +83,8 @@ def test_the_documented_example_scheme_is_one_file_that_runs_as_written(registry
     p = partition(LABELS, "round-robin", 4, seed=0)
     assert sorted(np.concatenate(p.client_indices).tolist()) == list(range(len(LABELS)))
     assert p.sizes() == [50, 50, 50, 50]
+    shifted = partition(LABELS, "round-robin", 4, seed=0, offset=1)  # its option moves every client's samples
+    assert shifted.sizes() == [50, 50, 50, 50] and not np.array_equal(shifted.client_indices[0], p.client_indices[0])
 
 
 def test_an_unknown_scheme_names_the_registered_ones(registry):

@@ -17,7 +17,7 @@ from bench.tables.spec import deep_merge
 # what the test changes in the README's config: a budget of seconds (tiny images, small CNN, 2 rounds on 3
 # clients, 2 seeds) and caches under tmp_path; data, rows, methods, prompts and columns stay as written
 BUDGET = {"base": {"data": {"image_size": 8}, "method": {"backbone": "simple-cnn"},
-                   "partition": {"num_clients": 3, "min_size": 4},
+                   "partition": {"num_clients": 3, "args": {"min_size": 4}},
                    "fed": {"rounds": 2, "batch_size": 8}, "threads": 1},
           "seeds": [0, 1]}
 

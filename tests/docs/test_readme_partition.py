@@ -9,6 +9,7 @@ from conftest import readme_module, run_in_process
 
 from bench.assembly.validation import validate_config
 from bench.commands.listing import listing
+from bench.core.errors import PartitionError
 from bench.core.registry import UnknownNameError
 from datamodules.partitions import PARTITION_SCHEMES
 
@@ -23,10 +24,15 @@ def registered(monkeypatch, tmp_path):
 def test_the_readme_scheme_partitions_a_run(registered, tiny_cfg):
     assert PARTITION_SCHEMES.get("class-round-robin") is registered.class_round_robin
     cfg = tiny_cfg(**{"partition.scheme": "class-round-robin", "partition.num_clients": 4, "fed.rounds": 1})
+    assert cfg.partition.args == {}  # the tiny config's Dirichlet options are not this scheme's
     record, _ = run_in_process(cfg)
     counts = np.array(record["partition"]["counts"])  # [clients, classes]
     assert counts.shape == (4, 10) and counts.sum() == record["splits"]["train"]
     assert (counts.max(0) - counts.min(0)).max() <= 1  # every class dealt evenly
+    shifted, _ = run_in_process(tiny_cfg(**{"partition.scheme": "class-round-robin", "partition.num_clients": 4,
+                                            "fed.rounds": 1, "partition.args.first": 1, "experiment": "shifted"}))
+    # its option: each class's first sample goes to client 1, so client 0's extra samples move one client on
+    assert np.array_equal(np.array(shifted["partition"]["counts"]), np.roll(counts, 1, axis=0))
     assert record["partition"]["scheme"] == "class-round-robin"
     assert record["final"]["test/accuracy"] > 15.0  # it trained on those clients
 
@@ -34,6 +40,10 @@ def test_the_readme_scheme_partitions_a_run(registered, tiny_cfg):
 def test_the_readme_scheme_is_listed_and_suggested(registered, tiny_cfg):
     shown = listing()
     assert "class-round-robin" in shown and "Each class shuffled, then dealt to the clients in turn" in shown
+    assert "first=0" in shown  # its option, with its default
     cfg = tiny_cfg(**{"partition.scheme": "class-round-robn"})
     with pytest.raises(UnknownNameError, match="Did you mean 'class-round-robin'"):
+        validate_config(cfg)
+    cfg = tiny_cfg(**{"partition.scheme": "class-round-robin", "partition.args.frist": 1})
+    with pytest.raises(PartitionError, match=r"unknown option\(s\) \['frist'\]; 'class-round-robin' takes: first \(int\)"):
         validate_config(cfg)

@@ -91,7 +91,7 @@ def test_table_rows_that_differ_in_lr_keep_their_own_checkpoints_under_jobs(tmp_
     config.write_text(yaml.safe_dump({
         "table": "lr", "dataset": "digits",
         "base": {"data": {"name": "digits", "image_size": 16, "cache_dir": str(tmp_path / "cache")},
-                 "partition": {"scheme": "dirichlet", "num_clients": 4, "min_size": 20},
+                 "partition": {"scheme": "dirichlet", "num_clients": 4, "args": {"min_size": 20}},
                  "fed": {"rounds": 3, "sample_ratio": 0.5, "batch_size": 32},
                  "method": {"backbone": "simple-cnn", "name": "fedavg"}, "threads": 1,
                  "checkpoint_every": 1, "checkpoint_dir": str(ckpt)},

@@ -7,7 +7,7 @@ from conftest import run_in_process
 from bench.engine.metrics import METRIC_NAMES, VAL_SCORES
 from bench.tables.protocols import metric_at
 
-BASE = {"fed.rounds": 6, "method.lr": 0.2, "partition.beta": 0.1}  # a high lr: validation goes up and down
+BASE = {"fed.rounds": 6, "method.lr": 0.2, "partition.args.beta": 0.1}  # a high lr: validation goes up and down
 
 
 def improving_rounds(history: list[dict]) -> list[int]:

@@ -50,7 +50,7 @@ def make_federation(cfg, module=None) -> Federation:
     dm = build_datamodule(cfg)
     dm.setup()
     p = cfg.partition
-    part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, beta=p.beta, min_size=p.min_size)
+    part = partition(dm.train.labels.numpy(), p.scheme, p.num_clients, cfg.seed, **p.args)
     module = module if module is not None else build_module(cfg, dm)
     fabric.to_device(module)
     train, val, test = (to_device(s, dm, fabric.device) for s in (dm.train, dm.val, dm.test))

@@ -30,7 +30,7 @@ ROWS = [
     {"label": "FedAvg, 20 rounds", "method": {"name": "fedavg"}, "fed": {"rounds": 20}, "paper_method": "FedAvg"},
     {"label": "FedAvg, 5 clients x 20 rounds", "method": {"name": "fedavg"}, "partition": {"num_clients": 5},
      "fed": {"rounds": 20}, "paper_method": "FedAvg"},
-    {"label": "FedAvg, beta 0.5", "method": {"name": "fedavg"}, "partition": {"beta": 0.5}, "paper_method": "FedAvg"},
+    {"label": "FedAvg, beta 0.5", "method": {"name": "fedavg"}, "partition": {"args": {"beta": 0.5}}, "paper_method": "FedAvg"},
     {"label": "FedAvg on Fashion-MNIST", "method": {"name": "fedavg"}, "data": {"name": "fashion-mnist"},
      "paper_dataset": "kvasir", "paper_method": "FedAvg"},
 ]
@@ -187,7 +187,7 @@ CONFIG = {
         {"label": "FedProx", "method": {"name": "fedprox"}, "fed": {"rounds": 20}},  # rounds
         {"label": "Scaffold", "method": {"name": "scaffold"}, "partition": {"num_clients": 5},
          "fed": {"rounds": 20, "local_epochs": 2}},  # clients, rounds, local epochs
-        {"label": "MOON", "method": {"name": "moon"}, "partition": {"beta": 0.3}},  # partition (dirichlet column)
+        {"label": "MOON", "method": {"name": "moon"}, "partition": {"args": {"beta": 0.3}}},  # partition (dirichlet column)
     ],
 }
 

@@ -69,8 +69,8 @@ def test_every_config_gets_a_small_offline_budget(config, tmp_path):
         expected = (spec.base_partition["num_clients"] if scheme == "natural"
                     else PER_CLASS_SHARD_CLIENTS.get(config.stem, 3))
         assert c.partition.num_clients == expected, run.label
-        if c.partition.shard_mode == "per_class" and c.partition.scheme == "shards":
-            assert c.partition.shards_per_client * expected % known_class_count(c) == 0, run.label
+        if c.partition.args.get("shard_mode") == "per_class" and c.partition.scheme == "shards":
+            assert c.partition.args["shards_per_client"] * expected % known_class_count(c) == 0, run.label
         accepts = method_arg_names(METHODS.get(c.method.name))
         if "text_encoder" in accepts:
             assert c.method.args["text_encoder"] == "minilm", run.label

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 def spec(cache: str, rows: list[dict]) -> dict:
     return {"table": "jobs", "dataset": "digits",
             "base": {"data": {"name": "digits", "image_size": 16, "cache_dir": cache},
-                     "partition": {"scheme": "dirichlet", "num_clients": 4, "min_size": 20},
+                     "partition": {"scheme": "dirichlet", "num_clients": 4, "args": {"min_size": 20}},
                      "fed": {"rounds": 2, "sample_ratio": 0.5, "batch_size": 32},
                      "method": {"backbone": "simple-cnn", "lr": 0.05}, "save_final_state": True, "threads": 1},
             "betas": [0.5], "seeds": [0, 1], "rows": rows}

@@ -22,7 +22,7 @@ def table_run(tmp_path_factory) -> tuple[str, Path]:
     tmp = tmp_path_factory.mktemp("noise")
     spec = {"table": "noise", "dataset": "digits", "betas": [0.5], "seeds": [0, 1], "metrics": ["accuracy"],
             "base": {"data": {"name": "digits", "cache_dir": str(tmp / "cache")},
-                     "partition": {"num_clients": 4, "min_size": 10}, "fed": {"rounds": 2},
+                     "partition": {"num_clients": 4, "args": {"min_size": 10}}, "fed": {"rounds": 2},
                      "method": {"backbone": "simple-cnn"}, "threads": 1, "accelerator": "cpu", "devices": 2},
             "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}},
                      {"label": "FedCB", "method": {"name": "fedcb", "args": {

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
 def spec(tmp_path: Path) -> dict:
     return {"table": "shard", "dataset": "digits", "betas": [0.5], "seeds": [0, 1], "metrics": ["accuracy"],
             "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")},
-                     "partition": {"num_clients": 4, "min_size": 10}, "fed": {"rounds": 2},
+                     "partition": {"num_clients": 4, "args": {"min_size": 10}}, "fed": {"rounds": 2},
                      "method": {"backbone": "simple-cnn"}, "threads": 1, "accelerator": "cpu"},
             "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}},
                      {"label": "FedProx", "method": {"name": "fedprox"}}]}

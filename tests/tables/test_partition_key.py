@@ -37,11 +37,11 @@ def test_every_run_of_a_table_is_keyed_by_its_column(path):
 
 
 @pytest.mark.parametrize("partition,file,column,paper", [
-    ({"scheme": "dirichlet", "beta": 0.05}, None, "dirichlet-0.05", "dirichlet-0.05"),
-    ({"scheme": "dirichlet_missing", "beta": 0.3}, None, "dirichlet-classwise-0.3", "dirichlet-classwise"),
+    ({"scheme": "dirichlet", "args": {"beta": 0.05}}, None, "dirichlet-0.05", "dirichlet-0.05"),
+    ({"scheme": "dirichlet_missing", "args": {"beta": 0.3}}, None, "dirichlet-classwise-0.3", "dirichlet-classwise"),
     ({"scheme": "natural"}, "ich_datasplit_10cl.npy", "dirichlet-classwise-file", "dirichlet-classwise"),
-    ({"scheme": "lda", "beta": 0.1}, None, "lda-0.1", "lda-0.1"),
-    ({"scheme": "shards", "shards_per_client": 3}, None, "shards-3", "shards-3"),
+    ({"scheme": "lda", "args": {"beta": 0.1}}, None, "lda-0.1", "lda-0.1"),
+    ({"scheme": "shards", "args": {"shards_per_client": 3}}, None, "shards-3", "shards-3"),
     ({"scheme": "iid"}, None, "iid", "iid"),
     ({"scheme": "proportions"}, None, "proportions", "proportions"),
 ])
@@ -56,9 +56,9 @@ def test_a_partition_names_its_column_and_paper_key(partition, file, column, pap
     assert wandb_key(cfg) == column and partition_key(cfg) == paper
 
 
-@pytest.mark.parametrize("partition,key", [({"num_clients": 1, "scheme": "dirichlet", "beta": 0.1}, "none"),
+@pytest.mark.parametrize("partition,key", [({"num_clients": 1, "scheme": "dirichlet", "args": {"beta": 0.1}}, "none"),
                                            ({"scheme": "shards"}, "shards-2"), ({"scheme": "natural"}, "natural"),
-                                           ({"scheme": "dirichlet", "beta": 0.1}, None),
+                                           ({"scheme": "dirichlet", "args": {"beta": 0.1}}, None),
                                            ({"scheme": "dirichlet_missing"}, None), ({"scheme": "proportions"}, None),
                                            ({}, None)])
 def test_a_partition_independent_rows_own_partition_key(partition, key):

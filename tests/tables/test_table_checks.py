@@ -13,7 +13,7 @@ from bench.cli import main
 def table(tmp_path: Path, rows: list[dict], name: str = "t.yaml") -> list[str]:
     spec = {"table": "checks", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy"],
             "base": {"data": {"name": "digits", "cache_dir": str(tmp_path / "cache")},
-                     "partition": {"num_clients": 4, "min_size": 10}, "fed": {"rounds": 2},
+                     "partition": {"num_clients": 4, "args": {"min_size": 10}}, "fed": {"rounds": 2},
                      "method": {"backbone": "simple-cnn"}, "threads": 1, "accelerator": "cpu"},
             "rows": rows}
     path = tmp_path / name
@@ -41,7 +41,7 @@ GOOD = [{"label": "FedAvg", "method": {"name": "fedavg"}}, {"label": "FedProx", 
     ({"label": "Bad", "method": {"name": "fedavg"}, "data": {"name": "fashion-mnist", "root": "/nonexistent/fm"}},
      "Dataset 'fashion-mnist' not found at '/nonexistent/fm'"),
     ({"label": "Bad", "method": {"name": "fedavg"},
-      "partition": {"scheme": "shards", "shard_mode": "per_class", "shards_per_client": 2}},
+      "partition": {"scheme": "shards", "args": {"shard_mode": "per_class", "shards_per_client": 2}}},
      ("row 'Bad' (beta 0.5, seed 0): shards (per_class): 4 clients x 2 shards = 8 shards do not divide evenly "
       "over the 10 classes")),
 ], ids=["arg-type", "arg-typo", "yaml-type", "range", "missing-data", "per-class-shards"])

@@ -54,6 +54,15 @@ def test_overrides_beat_row_options_and_method_args_go_where_accepted():
     assert ov.applied_to["method.args.tau"] == ["FedCB, tau 10"]
 
 
+def test_a_partition_option_goes_to_the_runs_whose_scheme_takes_it():
+    spec = TableSpec.parse({**SPEC_YAML, "betas": None, "columns": ["dirichlet-0.1", "iid"]}, "t.yaml")
+    ov, runs = planned(spec, "partition.args.min_size=2")
+    dirichlet = [r for r in runs if r.cfg.partition.scheme == "dirichlet"]
+    assert dirichlet and all(r.cfg.partition.args == {"beta": 0.1, "min_size": 2} for r in dirichlet)
+    assert all(r.cfg.partition.args == {} for r in runs if r.cfg.partition.scheme == "iid")  # iid takes no min_size
+    assert ov.applied_to["partition.args.min_size"] == spec.labels and not ov.full_budget
+
+
 @pytest.mark.parametrize(("item", "message"), [
     ("fed.round=2", "--set fed.round: unknown option. Did you mean fed.rounds, fed.test_rounds?"),
     ("data.image_sise=16", "Did you mean data.image_size, "),
@@ -63,7 +72,11 @@ def test_overrides_beat_row_options_and_method_args_go_where_accepted():
     ("fed.weighting=equal", "--set fed.weighting: 'equal' is not one of 'samples', 'uniform'."),
     ("fed.lr_milestones=[a]", "expected int"),
     ("seed=1", "--set seed: not a run option of a table (use --seeds)."),
-    ("partition.beta=0.3", "beta is the table's column"),
+    ("partition.args.beta=0.3", "beta is the table's column"),
+    ("partition.args={min_size: 2}", ("--set partition.args: not a run option of a table (set one option: "
+                                     "partition.args.<option>=VALUE).")),
+    ("partition.args.shards_per_client=3", ("--set partition.args.shards_per_client: no row's partition scheme "
+                                            "accepts 'shards_per_client' (partition schemes in this table: ")),
     ("devices=2", "use --devices"),
     ("fed.rounds", "--set expects KEY=VALUE (e.g. --set fed.rounds=2), got 'fed.rounds'."),
     ("method.args.tua=5", ("--set method.args.tua: no row's method accepts 'tua' (methods in this table: "

@@ -72,7 +72,7 @@ def wandb_table(tmp_path_factory):
     spec = {
         "table": "wbtest", "dataset": "digits", "betas": [0.5], "seeds": [0], "metrics": ["accuracy", "f1"],
         "base": {"data": {"name": "digits", "cache_dir": str(tmp / "cache")},
-                 "partition": {"num_clients": 3, "min_size": 10},
+                 "partition": {"num_clients": 3, "args": {"min_size": 10}},
                  "fed": {"rounds": 2, "batch_size": 32}, "method": {"backbone": "simple-cnn"}, "threads": 1},
         "rows": [{"label": "FedAvg", "method": {"name": "fedavg"}}]
         + [{"label": label, "method": {"name": "fedprox", "args": {"mu": mu}}} for label, mu in FEDPROX.items()],
@@ -362,7 +362,7 @@ def test_run_tags(scheme, tags):
     from bench.tracking.wandb_logger import run_tags
 
     cfg = RunConfig()
-    cfg.partition.scheme, cfg.partition.beta, cfg.seed = scheme, 0.1, 2
+    cfg.partition.scheme, cfg.partition.args, cfg.seed = scheme, {"beta": 0.1} if scheme == "dirichlet" else {}, 2
     assert run_tags(cfg) == [cfg.method.name, cfg.data.name, scheme, *tags, "seed=2"]
 
 

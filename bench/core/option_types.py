@@ -1,6 +1,7 @@
 """Whether a value parsed from YAML/JSON fits an option's annotation, and the annotation in words: the type
-rules of bench/assembly/validation.py, without its imports (torch, Lightning), so that `fedbench table --set` checks a
-value before the training stack is imported."""
+rules of bench/assembly/validation.py (method.args) and of the partition schemes' options (datamodules/partition.py),
+without their imports (torch, Lightning), so that `fedbench table --set` checks a value before the training stack is
+imported."""
 from __future__ import annotations
 
 import collections.abc
