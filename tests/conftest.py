@@ -49,27 +49,36 @@ def tiny_cfg(tmp_path):
     return make
 
 
+_CAPTURING: list[dict] = []  # the boxes of the active `captured` fixtures (run_in_process fills the last)
+
+
 @pytest.fixture
-def captured(monkeypatch):
-    """Run experiments in process and keep the Federation (client states, module, history) and the
-    module's initial state."""
-    from bench.engine.federation import Federation
-
+def captured():
+    """Run experiments in process (run_in_process) and keep the Federation (client states, module, history) and
+    the module's initial state: the run's own hook (RunObserver.federation_built), not a patched engine."""
     box: dict = {}
-    original = Federation.run
+    _CAPTURING.append(box)
+    yield box
+    _CAPTURING.remove(box)
 
-    def run(self):
-        box["fed"] = self
-        box["initial_state"] = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        return original(self)
 
-    monkeypatch.setattr(Federation, "run", run)
-    return box
+def capture_into(box: dict):
+    """A RunObserver keeping the run's Federation and its module's state before the first round in ``box``."""
+    from bench.assembly.run_outputs import RunObserver
+
+    class Capture(RunObserver):
+        def federation_built(self, federation) -> None:
+            box["fed"] = federation
+            box["initial_state"] = {k: v.detach().clone() for k, v in federation.module.state_dict().items()}
+
+    return Capture()
 
 
 def run_in_process(cfg, observer=None):
-    """Run one experiment on a single in-process Fabric rank (``observer``: a RunObserver hearing it);
-    return (record, final state)."""
+    """Run one experiment on a single in-process Fabric rank (``observer``: a RunObserver hearing it; with the
+    ``captured`` fixture active and no observer given, the one filling its box); return (record, final state)."""
+    if observer is None and _CAPTURING:
+        observer = capture_into(_CAPTURING[-1])
     from bench.assembly.experiment import make_fabric, run_experiment
 
     fabric = make_fabric(cfg)

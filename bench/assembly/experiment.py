@@ -256,6 +256,7 @@ def federate(run: Prepared, observer: RunObserver, started: float, usage_at_star
         per_client = bytes_per_client_round(module)
         fed.on_round_end = lambda e: log_round(fabric, observer, e, per_client)
         fed.on_round_done = observer.round_done
+        observer.federation_built(fed)
         # A rank that owns no client (Central on several ranks: its one client lives on rank 0) only waits
         # while the others train, so it must not give up after --timeout.
         with collective_timeout(fabric, cfg.timeout if fed.owned else WAIT_FOREVER_MINUTES):

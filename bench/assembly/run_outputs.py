@@ -37,6 +37,10 @@ class RunObserver:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """The scalars of round ``step`` (what the run's Fabric loggers received)."""
 
+    def federation_built(self, federation: Any) -> None:
+        """The run's Federation (bench/engine/federation.py) is built, before its first round: a caller that
+        inspects the run (its module, client states, history; a test) keeps it instead of patching the engine."""
+
     def round_done(self, round_idx: int) -> None:
         """Round ``round_idx`` is over: logged and, when due, checkpointed (a run stopped here resumes after
         it). What a caller (or a test stopping a run at a round) hooks instead of patching the engine."""

@@ -304,35 +304,36 @@ def test_paper_configs_give_per_client_rows_no_global_number():
 
 
 # ---- fed.protocol: scoring a method another way ------------------------------------------------
-def test_protocol_override_scores_the_global_model(tiny_cfg, monkeypatch):
+def test_protocol_override_scores_the_global_model(tiny_cfg):
     """fed.protocol global: FedRep's global model is the averaged body with the initial head (FedETF's
     central model), FedRoD's is its generic head alone; such runs get their own record names."""
     import torch
     from conftest import run_in_process
 
-    from bench.engine.federation import Federation
+    from bench.assembly.run_outputs import RunObserver
     from bench.engine.metrics import classification_metrics
 
     seen: dict = {}
-    original = Federation.evaluate
 
-    def spy(self, *args):
-        out = original(self, *args)
-        if self.protocol == "global":  # what the module scored, right after the evaluation
-            m = self.module
-            x, y = self.test.to_float(torch.arange(len(self.test.labels)))
+    class Scored(RunObserver):  # what the module scored: as the round's evaluation left it
+        def federation_built(self, federation) -> None:
+            self.fed = federation
+
+        def round_done(self, r: int) -> None:
+            fed, m = self.fed, self.fed.module
+            if fed.protocol != "global":
+                return
+            x, y = fed.test.to_float(torch.arange(len(fed.test.labels)))
             m.eval()
             with torch.no_grad():
                 f = m.features(x)
                 seen[m.registry_name] = {"state": {k: v.clone() for k, v in m.state_dict().items()},
                                          "scored": m.global_logits(x), "y": y, "head": m.head(f),
-                                         "personal": m.eval_logits(x), "metrics": out}
-        return out
+                                         "personal": m.eval_logits(x)}
 
-    monkeypatch.setattr(Federation, "evaluate", spy)
     small = {"partition.num_clients": 4, "fed.rounds": 2, "fed.sample_ratio": 1.0}
     rep = tiny_cfg(**small, **{"method.name": "fedrep", "method.args": {"head_epochs": 1}, "fed.protocol": "global"})
-    rec, final = run_in_process(rep)
+    rec, final = run_in_process(rep, Scored())
     got = seen["fedrep"]
     assert rec["protocol"] == "global" and "@global" in rep.run_name()
     for k, v in final.items():  # the final state is the averaged body with the initial head
@@ -341,7 +342,7 @@ def test_protocol_override_scores_the_global_model(tiny_cfg, monkeypatch):
     assert rec["history"][-1]["metrics"]["test/accuracy"] == pytest.approx(scored["accuracy"])
     assert "val/accuracy" in rec["history"][-1]["metrics"]  # the global protocol validates too
 
-    rec, _ = run_in_process(tiny_cfg(**small, **{"method.name": "fedrod", "fed.protocol": "global"}))
+    rec, _ = run_in_process(tiny_cfg(**small, **{"method.name": "fedrod", "fed.protocol": "global"}), Scored())
     got = seen["fedrod"]
     assert torch.equal(got["scored"], got["head"])  # the generic head alone
     assert not torch.allclose(got["scored"], got["personal"], atol=1e-3)  # not generic + personal

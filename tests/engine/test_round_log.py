@@ -10,26 +10,26 @@ from lightning_modules.fedavg import FedAvg
 
 
 def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, monkeypatch):
+    from bench.assembly.run_outputs import RunObserver
+
     seen: list[tuple[int, float, int]] = []
+    steps_of_the_round: list[tuple[float, int]] = []
     original = FedAvg.training_step
 
     def spy(self, batch):
         loss = original(self, batch)
-        seen.append((self._round, float(loss.detach()), len(batch[1])))
+        steps_of_the_round.append((float(loss.detach()), len(batch[1])))
         return loss
+
+    class Rounds(RunObserver):  # the steps since the last round ended are this round's
+        def round_done(self, r: int) -> None:
+            seen.extend((r, loss, n) for loss, n in steps_of_the_round)
+            steps_of_the_round.clear()
 
     monkeypatch.setattr(FedAvg, "training_step", spy)
     cfg = tiny_cfg(**{"fed.rounds": 2, "fed.local_epochs": 2})
-    from bench.engine.federation import Federation
-
-    run_round = Federation.run_round
-
-    def tag(self, r):
-        self.module._round = r
-        return run_round(self, r)
-
-    monkeypatch.setattr(Federation, "run_round", tag)
-    record, _ = run_in_process(cfg)
+    record, _ = run_in_process(cfg, Rounds())
+    assert {r for r, _, _ in seen} == {0, 1}
     for entry in record["history"]:
         steps = [(loss, n) for r, loss, n in seen if r == entry["round"]]
         expected = sum(loss * n for loss, n in steps) / sum(n for _, n in steps)

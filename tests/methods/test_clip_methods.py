@@ -14,9 +14,9 @@ from conftest import max_state_diff, run_in_process
 
 from bench.assembly.experiment import build_module
 from bench.assembly.run_data import build_datamodule, to_device
+from bench.assembly.run_outputs import RunObserver
 from bench.core.batches import DeviceData, EpochBatches
 from bench.core.seeding import torch_generator
-from bench.engine.federation import Federation
 from lightning_modules.base import ClientContext
 from lightning_modules.clip_feature_base import ClipFeatureModule, shared_clip
 from lightning_modules.components.clip_heads import FeatureAttention, FedClipAdapter
@@ -56,20 +56,19 @@ def prepared(cfg):
 # ---------------------------------------------------------------- the encoder runs once
 
 
-def test_rounds_never_run_the_image_encoder(clip_cfg, monkeypatch):
+def test_rounds_never_run_the_image_encoder(clip_cfg):
     clip = shared_clip("tiny-random")
     seen: dict[str, int] = {}
-    real_run = Federation.run
 
-    def counting_run(self):
-        seen["rounds_start"] = clip.image_encoder_calls
-        out = real_run(self)
-        seen["rounds_end"] = clip.image_encoder_calls
-        return out
+    class Counting(RunObserver):
+        def federation_built(self, federation) -> None:  # the splits are encoded: the rounds start
+            seen["rounds_start"] = clip.image_encoder_calls
 
-    monkeypatch.setattr(Federation, "run", counting_run)
+        def round_done(self, r: int) -> None:
+            seen["rounds_end"] = clip.image_encoder_calls
+
     start = clip.image_encoder_calls
-    record, state = run_in_process(clip_cfg("facmic"))
+    record, state = run_in_process(clip_cfg("facmic"), Counting())
     assert len(record["history"]) == 3 and all(h["samples_trained"] > 0 for h in record["history"])
     assert seen["rounds_end"] == seen["rounds_start"], "a round ran the image encoder"
     encoded = seen["rounds_start"] - start  # prepare_splits: one call per 256 images of each split
