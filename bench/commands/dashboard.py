@@ -62,7 +62,7 @@ def table_view(config: str, sets: list[str] | None = None, seeds: str | None = N
                rows: list[str] | None = None) -> TableView:
     """The view of the table's runs, planned as `fedbench table` plans them (table_runner.planned_table)."""
     from bench.scheduling.table_runner import distinct_runs, planned_table
-    from bench.tracking.wandb_logger import partition_key
+    from bench.tracking.wandb_logger import column_key
 
     _, spec, overrides, runs = planned_table(config, sets, seeds, rows)
     if not runs:
@@ -71,7 +71,7 @@ def table_view(config: str, sets: list[str] | None = None, seeds: str | None = N
                      groups=list(dict.fromkeys(r.cfg.experiment for r in runs)),
                      metrics=[f"test/{m}" for m in spec.metrics],
                      rows=list(dict.fromkeys(r.label for r in runs)),
-                     columns={partition_key(r.cfg): f"β={r.beta:g}" if r.beta is not None else partition_key(r.cfg)
+                     columns={column_key(r.cfg): f"β={r.beta:g}" if r.beta is not None else column_key(r.cfg)
                               for r in runs},
                      chosen_rows=overrides.rows, chosen_seeds=overrides.seeds, run_count=len(distinct_runs(runs)))
 

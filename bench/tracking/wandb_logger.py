@@ -142,9 +142,9 @@ def exit_code(path: Path) -> int | None:
     return code
 
 
-def partition_key(cfg) -> str:
-    """The partition as a table column names it: dirichlet-0.05, dirichlet-classwise-0.3, shards-2, iid, ...
-    (bench/tables/columns.py's run_column, the one partition key)."""
+def column_key(cfg) -> str:
+    """The run's column as a table names it, W&B's config.partition_key: dirichlet-0.05, dirichlet-classwise-0.3,
+    shards-2, iid, ... (bench/tables/columns.py's run_column, the one partition key)."""
     return run_column(cfg.partition, cfg.data.client_split_file)
 
 
@@ -160,7 +160,7 @@ def run_identity(cfg, table: str | None = None, row: str | None = None, round_ru
 
     cls = METHODS.get(cfg.method.name)
     protocol = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
-    key = partition_key(cfg)
+    key = column_key(cfg)
     column = column_of(key)
     return {"table": table or cfg.experiment, "row": row or cfg.method.name,
             "dataset": cfg.data.name, "partition_key": key,

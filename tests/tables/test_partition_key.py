@@ -11,7 +11,7 @@ from bench.reporting.paper_compare import own_partition_key
 from bench.scheduling.table_runner import load_table_config, plan_runs
 from bench.tables.columns import paper_partition, parse_column, run_column, table_columns
 from bench.tables.protocols import partition_key
-from bench.tracking.wandb_logger import partition_key as wandb_key
+from bench.tracking.wandb_logger import column_key as wandb_key
 from bench.tracking.wandb_logger import run_identity
 
 TABLES = sorted((REPO / "configs" / "tables").glob("*.yaml"))

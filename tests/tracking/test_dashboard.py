@@ -13,7 +13,7 @@ from conftest import REPO
 
 from bench.cli import main
 from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
-from bench.tracking.wandb_logger import partition_key
+from bench.tracking.wandb_logger import column_key
 
 CONFIG = REPO / "configs" / "tables" / "table2_fashion-mnist.yaml"
 SECTIONS = ["test/accuracy", "test/f1", "training", "communication", "time", "results"]
@@ -110,7 +110,7 @@ def test_report_has_a_grid_per_column_of_any_scheme(offline, tmp_path):
     report = json.loads((tmp_path / "fstcbdg_fashion-mnist_report.json").read_text())
     workspace = json.loads((tmp_path / "fstcbdg_fashion-mnist_workspace.json").read_text())
     runs = plan_runs(load_table_config(str(config)), check_records=False)
-    keys = list(dict.fromkeys(partition_key(r.cfg) for r in runs))  # what each train run logs as its column
+    keys = list(dict.fromkeys(column_key(r.cfg) for r in runs))  # what each train run logs as its column
     assert set(keys) == {"iid", "shards-2", "shards-10", "lda-0.1", "lda-0.5"}
     grids = [b["metadata"] for b in report["spec"]["blocks"] if b["type"] == "panel-grid"]
     metrics = yaml.safe_load(config.read_text())["metrics"]
