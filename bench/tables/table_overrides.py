@@ -8,8 +8,8 @@ option's type. ``method.args.<name>`` sets a method option in the runs whose met
 (``--set method.args.text_encoder=minilm`` changes FedCB/FedBM rows and leaves FedAvg alone); it is an
 error when no row's method accepts it. ``partition.args.<name>`` likewise sets a partition option in the runs
 whose scheme takes it (``--set partition.args.min_size=2``: the Dirichlet and LDA columns). The table's own axes
-are not options: ``seed`` is ``--seeds``, the partition's ``beta`` is the column, ``data.fold`` / ``data.folds`` are the table's ``folds:`` key, ``devices`` /
-``output_dir`` / ``wandb`` are ``fedbench table`` flags.
+are not options: ``seed`` is ``--seeds``, the partition's ``beta`` is the column, ``data.fold`` / ``data.folds``
+are the table's ``folds:`` key, ``devices`` / ``output_dir`` / ``wandb`` are ``fedbench table`` flags.
 
 ``--seeds 0`` and ``--rows FedAvg,FedBM`` select a subset of the config's seeds and row labels.
 
