@@ -96,6 +96,11 @@ def flat_partition(partition: dict[str, Any]) -> dict[str, Any]:
     return {**rest, **FLAT_PARTITION_DEFAULTS, **args}
 
 
+def beta_text(beta: Any) -> str:
+    """A concentration as names show it: ``0.05``, or one per class joined by ``-`` (``0.5-0.3-1``)."""
+    return "-".join(f"{b:g}" for b in beta) if isinstance(beta, list | tuple) else f"{beta:g}"
+
+
 def read_options_only(flat: dict[str, Any]) -> dict[str, Any]:
     """A flat partition mapping with the options its (built-in) scheme does not read at their old defaults: an
     old record whose iid run carried the table's ``shard_mode: per_class`` is the same run as today's, which
@@ -215,8 +220,7 @@ class RunConfig:
         """method[-options digest][@protocol]_data_partition_cN_sSEED[_foldKofN]: what the run is, at a glance
         (the budget is not in it: see ``record_name``)."""
         scheme, p = self.partition.scheme, flat_partition({"args": self.partition.args})
-        beta = p["beta"] if not isinstance(p["beta"], list) else "-".join(f"{b:g}" for b in p["beta"])
-        beta = f"{beta:g}" if isinstance(beta, int | float) else beta
+        beta = beta_text(p["beta"])
         part = {"dirichlet": f"dir{beta}", "dirichlet_missing": f"dirmiss{beta}", "lda": f"lda{beta}",
                 "shards": f"shards{p['shards_per_client']}" + ("pc" if p["shard_mode"] == "per_class" else "")}
         if scheme == "proportions":

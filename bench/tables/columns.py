@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bench.assembly.config import beta_text, flat_partition
 from bench.core.errors import FedbenchError
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ def run_column(partition: Any, client_split_file: Any = None) -> str:
         def get(key: str, default: Any = None) -> Any:
             return args.get(key, default)
     else:
-        from bench.assembly.config import flat_partition
-
         scheme, flat = partition.scheme, flat_partition({"args": partition.args})
         get = flat.get
     beta = get("beta")
@@ -136,7 +135,7 @@ def run_column(partition: Any, client_split_file: Any = None) -> str:
     kind = CONCENTRATION_KINDS.get(scheme)
     if kind is None:
         return scheme
-    return kind if beta is None else f"{kind}-{beta:g}"
+    return kind if beta is None else f"{kind}-{beta_text(beta)}"
 
 
 def column_of(column_id: str) -> Column | None:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.assembly.config import RunConfig, flat_partition
+from bench.assembly.config import RunConfig, beta_text, flat_partition
 from bench.assembly.run_outputs import RunObserver, round_scalars
 from bench.core.code_version import code_version
 from bench.core.errors import FedbenchError
@@ -180,7 +180,7 @@ def run_tags(cfg) -> list[str]:
     p = cfg.partition
     tags = [cfg.method.name, cfg.data.name, p.scheme]
     if p.scheme.startswith("dirichlet"):
-        tags.append(f"beta={flat_partition({'args': p.args})['beta']:g}")
+        tags.append(f"beta={beta_text(flat_partition({'args': p.args})['beta'])}")
     return tags + [f"seed={cfg.seed}"]
 
 

@@ -74,3 +74,17 @@ def test_the_one_protocol_rule(fed, method, central, scored):
     cfg = RunConfig()
     cfg.fed.protocol = fed
     assert cfg.scored_protocol(method, central) == scored
+
+
+def test_a_per_class_concentration_names_its_run_column_and_tags():
+    """A Dirichlet beta given per class (FedNPR's ICH draws each class with its own, datamodules/partitions/
+    dirichlet.py) is named by its values joined with '-', in the run name, its column and its W&B tag (no column
+    kind names a per-class beta, so its papers' key is that column id too: it matches no published cell)."""
+    from bench.tracking.wandb_logger import run_tags
+
+    cfg = RunConfig()
+    cfg.partition.scheme, cfg.partition.args = "dirichlet_missing", {"beta": [0.5, 0.3, 1.0]}
+    assert "_dirmiss0.5-0.3-1_c10_" in cfg.run_name()
+    assert wandb_key(cfg) == "dirichlet-classwise-0.5-0.3-1" and partition_key(cfg) == "dirichlet-classwise-0.5-0.3-1"
+    cfg.partition.scheme = "dirichlet"
+    assert "beta=0.5-0.3-1" in run_tags(cfg)
