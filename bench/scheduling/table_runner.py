@@ -107,11 +107,11 @@ def plan_runs(spec: TableSpec, output_dir: str | None = None, check_records: boo
             mine = mine[:1]
         for col_id in mine:
             column = by_id[col_id]
+            partition = run_partition(spec.base_partition, column.partition, row.partition)  # the same every seed
             for axis, fold, repeat in table_repeats(spec):
                 run = {**repeat, "experiment": experiment + (f"-{row.record_tag}" if row.record_tag else "")}
                 if output_dir:
                     run["output_dir"] = output_dir
-                partition = run_partition(spec.base_partition, column.partition, row.partition)
                 cfg = run_config(TABLE_DEFAULTS, base, row.overrides, {"partition": partition}, run, where=where)
                 if column.client_split_file and (cfg.data.client_split_file is None
                                                  or cfg.fed.client_test != "site"):
