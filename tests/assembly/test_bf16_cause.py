@@ -25,6 +25,8 @@ from torch import nn
 
 from bench.core.cpu_bf16 import affected_convolutions, reads_past_its_input
 
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
+
 # (kernel, stride, padding, input) shapes seen reading freed memory on the AVX-512 Xeon (any channel count)
 MEASURED_AFFECTED = {(3, 2, 1, 1), (3, 3, 1, 1), (3, 3, 1, 2), (5, 2, 2, 1), (5, 3, 2, 1), (5, 3, 2, 2), (7, 2, 3, 1),
                      (7, 3, 3, 1), (7, 3, 3, 2)}
@@ -89,7 +91,8 @@ def test_a_cpu_bf16_run_on_an_affected_shape_is_refused_before_its_rounds(tmp_pa
     argv = ["run", "--data.name", "digits", "--method.backbone", "resnet18", "--fed.rounds", "1",
             "--partition.num_clients", "2", "--accelerator", "cpu", "--devices", "1", "--threads", "1",
             "--progress", "false", "--output_dir", str(tmp_path / "runs"), "--checkpoint_dir", str(tmp_path / "ckpt"),
-            "--data.cache_dir", str(tmp_path / "cache")]
+            "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_samples", "200",
+            "--data.max_test_samples", "100"]  # the refusal reads the model, not the data; the rerun needs only to run
     assert main([*argv, "--precision", "bf16-mixed"]) == 2
     err = capsys.readouterr().err
     assert err.count("fedbench: error: --precision bf16-mixed on the CPU: oneDNN's bf16 weight gradient") == 1

@@ -54,7 +54,8 @@ class Server:
                 pass
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # shutdown() waits for the serving loop's next poll: 0.5 s by default, paid by every test's teardown
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mirror"
 
     def answer(self, h: http.server.BaseHTTPRequestHandler) -> None:

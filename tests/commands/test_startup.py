@@ -14,11 +14,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 from bench.commands import listing
 from bench.tables import catalog
 from bench.tables.catalog_data import CATALOG
+
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
 
 HEAVY = ("torch", "lightning", "torchvision", "torchmetrics", "transformers", "open_clip", "numpy", "scipy",
          "matplotlib", "wandb", "sklearn")

@@ -22,6 +22,8 @@ from lightning_modules.components import prompts as P
 from lightning_modules.components import text_encoders as TE
 from lightning_modules.components.concept_distributions import ConceptDistribution
 
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
+
 CLASSES = ["blorp", "quux_gland", "zentrix"]  # sorted: the label order of class-folder
 FILE_CONCEPTS = {"blorp": "a round red blob", "quux_gland": "a swollen gland", "zentrix": "a striped crystal"}
 FILE_TEMPLATES = ["a microscope image of {}.", "the slide shows {}.", "{} under the microscope."]

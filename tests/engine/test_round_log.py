@@ -8,6 +8,8 @@ from conftest import run_in_process
 
 from lightning_modules.fedavg import FedAvg
 
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
+
 
 def test_train_loss_is_the_sample_weighted_mean_of_the_local_steps(tiny_cfg, monkeypatch):
     from bench.assembly.run_outputs import RunObserver

@@ -27,6 +27,8 @@ from lightning_modules.fedprox import FedProx, ProximalTerm
 from lightning_modules.moon import Moon
 from lightning_modules.scaffold import Scaffold
 
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
+
 
 class OpCounter(TorchDispatchMode):
     """Counts every aten op dispatched while it is active (by name in ``ops``)."""

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import matplotlib.figure
+import pytest
 from test_tables import SPEC, fake_record
 
 from bench.assembly.records import record_path
 from bench.core.atomic_io import write_json
 from bench.reporting.tables import render_table
 from bench.scheduling.table_runner import plan_runs
+
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
 
 
 def record_figures(monkeypatch) -> list:

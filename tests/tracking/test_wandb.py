@@ -16,6 +16,8 @@ import yaml
 from bench.cli import main
 from bench.tracking.wandb_logger import TEXT_COLUMNS
 
+pytestmark = pytest.mark.slow  # end-to-end (>= 6 s): make test-fast leaves this file out
+
 BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, length, type)
 
 
