@@ -58,16 +58,19 @@ def probe(**env: str) -> dict:
 
 def test_policy_ends_page_fault_churn_of_a_training_loop():
     """Minor page faults per step in each of 3 epochs after a warm-up epoch, measured with this probe (1 thread).
-    Churn is in every epoch; another process's burst lands in one, so each side is judged by its best epoch.
+    Another process's burst lands in one epoch.
     Means over the 3 epochs, glibc's defaults: 7,986 / 7,692 / 623 / 1,288 under ATEN_CPU_CAPABILITY
     native/default/avx2 and oneDNN off (AMD EPYC); on the Xeon 1,164-8,249 quiet, 779-11,894 beside a busy core,
     and 291.9 once with two full suites beside it (where the pages land, and whether the kernel backs them with
     huge pages, moves the count by 10x or more). fedbench's policy: 0 / 33 / 0 / 0, 0-26.1 beside a busy core;
     beside one or two full suites 0-55.5 in 12 runs and 78.4 once, which failed the old bound on the mean (<= 66).
     Best epochs beside one or two full suites (6 pairs, this probe): defaults 233.6-8,382.9 faults
-    per step, the policy 0.0 in all 6 (its other epochs up to 137.2). Asserted with a margin of 2 on each side:
-    the defaults' best epoch >= 116 (half the lowest), the policy's best epoch <= 66 (the bound kept from the
-    means: twice their highest quiet value, 33)."""
+    per step, the policy 0.0 in all 6 (its other epochs up to 137.2). Then, beside a full suite (2026-11-28,
+    Xeon), the defaults' epochs were 78.4 / 312.0 / 3,083.3: their best epoch is no floor either (how much of
+    the freed memory glibc's own adaptive threshold keeps varies from epoch to epoch), but their mean (1,157.9)
+    stayed above the lowest mean ever seen (291.9). So each side is judged by the statistic noise cannot push
+    past its bound: the defaults by their mean over the epochs (a burst only adds faults) >= 145 (half the lowest
+    mean), the policy by its best epoch <= 66 (twice the highest quiet mean, 33)."""
     churn, calm = probe(**{OPT_OUT_ENV: "system"}), probe()
     assert churn["allocator"]["policy"] == "system" and churn["steps"] == calm["steps"] == 60
     if glibc() is None:
@@ -75,5 +78,5 @@ def test_policy_ends_page_fault_churn_of_a_training_loop():
         return
     assert calm["allocator"]["policy"] == "mallopt"
     assert len(churn["minor_faults_per_step_by_epoch"]) == len(calm["minor_faults_per_step_by_epoch"]) == 3
-    assert min(churn["minor_faults_per_step_by_epoch"]) >= 116, churn
+    assert sum(churn["minor_faults_per_step_by_epoch"]) / 3 >= 145, churn
     assert min(calm["minor_faults_per_step_by_epoch"]) <= 66, (calm, churn)
