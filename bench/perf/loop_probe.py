@@ -9,7 +9,9 @@ another (bench/core/allocator.py sets it per process):
 
 ``--loop fedbench`` is a client's local training as fedbench runs it (uint8 images sliced per batch,
 scaled, normalised, derived shuffling, ``run_epochs`` with the method's loss check); ``--loop bare``
-is a plain PyTorch loop over float images normalised once beforehand. Prints one JSON object.
+is a plain PyTorch loop over float images normalised once beforehand. ``--loop paired`` runs both in this
+one process, epoch about (same model, data and allocator; the order flips every repeat): the ratio of the
+step code alone, without the spread between processes. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -101,20 +103,9 @@ def measure(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     module = FederatedModule(num_classes=num_classes, in_channels=data.images.shape[1], backbone=args.backbone)
     module.to(device)
-    if args.loop == "bare":
-        if args.channels_last or args.compile or args.precision != "32-true":
-            raise SystemExit("the bare loop is the eager fp32 reference: the speed options apply to --loop fedbench")
-        x, y = data.to_float(slice(None))
-        epoch = lambda seed: bare_epoch(module, x, y, args.batch_size, seed)
-    else:
-        from lightning.fabric import Fabric
-
-        from bench.assembly.speed_options import apply_speed_options, with_channels_last
-
-        autocast = Fabric(accelerator=device, devices=1, precision=args.precision).autocast
-        apply_speed_options(module, args.channels_last, args.compile)
-        data = with_channels_last(data, args.channels_last)
-        epoch = lambda seed: fedbench_epoch(module, data, args.batch_size, seed, autocast)
+    if args.loop == "paired":  # bare first: its check of the speed options comes before any is applied
+        return paired(args, device, {loop: loop_epoch(args, loop, device, module, data) for loop in ("bare", "fedbench")})
+    epoch = loop_epoch(args, args.loop, device, module, data)
     epoch(99)  # warm-up: kernels chosen, allocator caches filled
     before, rates, steps, epoch_faults = rusage(), [], 0, []
     for rep in range(args.repeats):
@@ -137,9 +128,48 @@ def measure(args: argparse.Namespace) -> dict:
             "system_over_user": used["system_s"] / max(used["user_s"], 1e-9), "allocator": allocator_status()}
 
 
+def loop_epoch(args: argparse.Namespace, loop: str, device: str, module, data):
+    """seed -> samples trained in one epoch of ``loop`` ("bare" or "fedbench") on ``module``."""
+    if loop == "bare":
+        if args.channels_last or args.compile or args.precision != "32-true":
+            raise SystemExit("the bare loop is the eager fp32 reference: the speed options apply to --loop fedbench")
+        x, y = data.to_float(slice(None))
+        return lambda seed: bare_epoch(module, x, y, args.batch_size, seed)
+    from lightning.fabric import Fabric
+
+    from bench.assembly.speed_options import apply_speed_options, with_channels_last
+
+    autocast = Fabric(accelerator=device, devices=1, precision=args.precision).autocast
+    apply_speed_options(module, args.channels_last, args.compile)
+    data = with_channels_last(data, args.channels_last)
+    return lambda seed: fedbench_epoch(module, data, args.batch_size, seed, autocast)
+
+
+def paired(args: argparse.Namespace, device: str, epochs: dict) -> dict:
+    """The ``epochs`` of fedbench's and the bare loop (loop_epoch, on one model) about, in this process: repeat r
+    runs fedbench then bare when r is even, bare then fedbench when odd (a drift of the machine hits both alike);
+    one ratio of samples/s per repeat."""
+    import torch
+
+    for epoch in epochs.values():
+        epoch(99)  # warm-up of both
+    rates: dict[str, list[float]] = {"fedbench": [], "bare": []}
+    for rep in range(args.repeats):
+        for loop in ("fedbench", "bare") if rep % 2 == 0 else ("bare", "fedbench"):
+            t = time.perf_counter()
+            n = epochs[loop](rep)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rates[loop].append(n / (time.perf_counter() - t))
+    ratios = [f / b for f, b in zip(rates["fedbench"], rates["bare"])]
+    return {"loop": "paired", "device": device, "backbone": args.backbone, "data": args.data, "threads": args.threads,
+            "batch_size": args.batch_size, "samples_per_s": rates["fedbench"], "bare_samples_per_s": rates["bare"],
+            "ratios": ratios, "median_ratio": statistics.median(ratios), "allocator": allocator_status()}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.perf.loop_probe", description=__doc__)
-    p.add_argument("--loop", choices=["fedbench", "bare"], required=True)
+    p.add_argument("--loop", choices=["fedbench", "bare", "paired"], required=True)
     p.add_argument("--backbone", default="resnet18")
     p.add_argument("--data", choices=["fashion-mnist", "synthetic"], default="fashion-mnist")
     p.add_argument("--samples", type=int, default=2048)

@@ -7,7 +7,9 @@ allocator behaviour too. Cases (``--cases``, default all):
 - ``loops``: a client's local training as fedbench runs it (its allocator policy), the same with
   glibc's default allocator ("churn"), and a bare PyTorch loop with and without churn (glibc's own
   ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``); samples/s, system/user CPU time and minor
-  page faults per step. The ratio is fedbench over the churn-free bare loop, paired per repeat.
+  page faults per step. The ratio is fedbench over the churn-free bare loop, paired per repeat. Between
+  processes it spreads by about +-10% on a shared 2-core machine, so the case also runs both loops in one
+  process, epochs about (``loop_probe --loop paired``): the step code's own cost, to within about 1%.
 - ``options``: the speed-up of channels_last, bf16-mixed and torch.compile on fedbench's loop.
 - ``workers``: one process with all cores' threads against one 1-thread process per core training at
   once (the default layout of ``fedbench run`` on a multi-core CPU, bench/assembly/workers.py).
@@ -48,6 +50,7 @@ LOOP_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
 }
 OPTIONS = {"channels_last": ["--channels-last"], "bf16-mixed": ["--precision", "bf16-mixed"],
            "compile": ["--compile"]}
+PAIRED_EPOCHS = 8  # epochs of each loop in the one-process paired probe (loop_probe --loop paired)
 GOAL_RATIO, GOAL_SYSTEM_SHARE = 1.0, 0.05  # issue 19: >= 1.0x the churn-free bare loop, system < 5% of user
 
 
@@ -88,6 +91,9 @@ def loops_case(args: argparse.Namespace) -> list[dict]:
             for name, (loop, env) in LOOP_VARIANTS.items():
                 runs[name].append(run_probe(loop, common_args(args, backbone, args.threads), env, what=name))
         ratios = [f["median_samples_per_s"] / b["median_samples_per_s"] for f, b in zip(runs["fedbench"], runs["bare"])]
+        common = common_args(args, backbone, args.threads)
+        common[common.index("--repeats") + 1] = str(PAIRED_EPOCHS)
+        in_process = run_probe("paired", common, {}, what="paired")
         summary = {name: {"samples_per_s": median_of(rs, "median_samples_per_s"),
                           "system_over_user": median_of(rs, "system_over_user"),
                           "minor_faults_per_step": median_of(rs, "minor_faults_per_step"),
@@ -97,7 +103,9 @@ def loops_case(args: argparse.Namespace) -> list[dict]:
         out.append({"backbone": backbone, "device": runs["fedbench"][0].get("device", "cpu"), "threads": args.threads,
                     "samples": args.samples,
                     "batch_size": args.batch_size, "variants": summary, "ratios_vs_churn_free_bare": ratios,
-                    "median_ratio": statistics.median(ratios), "runs": runs})
+                    "median_ratio": statistics.median(ratios), "runs": runs,
+                    "in_process": {k: in_process[k] for k in ("ratios", "median_ratio", "samples_per_s",
+                                                              "bare_samples_per_s")}})
     return out
 
 
@@ -116,6 +124,9 @@ def print_loops(results: list[dict]) -> None:
         print(f"  {r['backbone']:12s} fedbench / churn-free bare = {r['median_ratio']:.3f} (per repeat: "
               f"{', '.join(f'{x:.3f}' for x in r['ratios_vs_churn_free_bare'])}); system time {share:.1%} of user"
               f" -> goal (>= {GOAL_RATIO:.1f}x, < {GOAL_SYSTEM_SHARE:.0%}) {'met' if met else 'NOT met'}")
+        paired = r["in_process"]
+        print(f"  {r['backbone']:12s} in one process, epochs about: fedbench / bare = {paired['median_ratio']:.3f} "
+              f"(per pair {min(paired['ratios']):.3f}-{max(paired['ratios']):.3f}): the step code's own cost")
 
 
 def options_case(args: argparse.Namespace) -> dict:
