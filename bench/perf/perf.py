@@ -7,9 +7,10 @@ allocator behaviour too. Cases (``--cases``, default all):
 - ``loops``: a client's local training as fedbench runs it (its allocator policy), the same with
   glibc's default allocator ("churn"), and a bare PyTorch loop with and without churn (glibc's own
   ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``); samples/s, system/user CPU time and minor
-  page faults per step. The ratio is fedbench over the churn-free bare loop, paired per repeat. Between
-  processes it spreads by about +-10% on a shared 2-core machine, so the case also runs both loops in one
-  process, epochs about (``loop_probe --loop paired``): the step code's own cost, to within about 1%.
+  page faults per step. The ratio is fedbench over the churn-free bare loop, paired per repeat. The case
+  also runs both loops in one process, epochs about (``loop_probe --loop paired``): the step code's own
+  cost, without what differs between processes (memory placement, allocator state). The machine's own
+  noise remains: on a shared 2-core VM single pairs spread 0.87-1.38 and medians of 8 pairs 0.96-1.00.
 - ``options``: the speed-up of channels_last, bf16-mixed and torch.compile on fedbench's loop.
 - ``workers``: one process with all cores' threads against one 1-thread process per core training at
   once (the default layout of ``fedbench run`` on a multi-core CPU, bench/assembly/workers.py).
