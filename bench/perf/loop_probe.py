@@ -109,11 +109,9 @@ def measure(args: argparse.Namespace) -> dict:
     epoch(99)  # warm-up: kernels chosen, allocator caches filled
     before, rates, steps, epoch_faults = rusage(), [], 0, []
     for rep in range(args.repeats):
-        t, start = time.perf_counter(), rusage()["minor_faults"]
-        n = epoch(rep)
-        if device == "cuda":
-            torch.cuda.synchronize()  # the epoch's kernels have run, not only been queued
-        rates.append(n / (time.perf_counter() - t))
+        start = rusage()["minor_faults"]
+        n, rate = timed_epoch(epoch, rep, device)
+        rates.append(rate)
         epoch_faults.append((rusage()["minor_faults"] - start) / max(1, n // args.batch_size))
         steps += n // args.batch_size
     after = rusage()
@@ -126,6 +124,17 @@ def measure(args: argparse.Namespace) -> dict:
             # per epoch: a loop that churns faults in every epoch; another process's burst lands in one
             "minor_faults_per_step_by_epoch": epoch_faults,
             "system_over_user": used["system_s"] / max(used["user_s"], 1e-9), "allocator": allocator_status()}
+
+
+def timed_epoch(epoch, seed: int, device: str) -> tuple[int, float]:
+    """One epoch (``epoch(seed)``): samples trained and samples/s, its kernels run (not only queued on a GPU)."""
+    import torch
+
+    t = time.perf_counter()
+    n = epoch(seed)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return n, n / (time.perf_counter() - t)
 
 
 def loop_epoch(args: argparse.Namespace, loop: str, device: str, module, data):
@@ -149,18 +158,12 @@ def paired(args: argparse.Namespace, device: str, epochs: dict) -> dict:
     """The ``epochs`` of fedbench's and the bare loop (loop_epoch, on one model) about, in this process: repeat r
     runs fedbench then bare when r is even, bare then fedbench when odd (a drift of the machine hits both alike);
     one ratio of samples/s per repeat."""
-    import torch
-
     for epoch in epochs.values():
         epoch(99)  # warm-up of both
     rates: dict[str, list[float]] = {"fedbench": [], "bare": []}
     for rep in range(args.repeats):
         for loop in ("fedbench", "bare") if rep % 2 == 0 else ("bare", "fedbench"):
-            t = time.perf_counter()
-            n = epochs[loop](rep)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            rates[loop].append(n / (time.perf_counter() - t))
+            rates[loop].append(timed_epoch(epochs[loop], rep, device)[1])
     ratios = [f / b for f, b in zip(rates["fedbench"], rates["bare"])]
     return {"loop": "paired", "device": device, "backbone": args.backbone, "data": args.data, "threads": args.threads,
             "batch_size": args.batch_size, "samples_per_s": rates["fedbench"], "bare_samples_per_s": rates["bare"],

@@ -73,9 +73,10 @@ def run_probe(loop: str, common: list[str], env: dict[str, str], extra: list[str
     return finish(proc, what or loop)
 
 
-def common_args(args: argparse.Namespace, backbone: str, threads: int) -> list[str]:
+def common_args(args: argparse.Namespace, backbone: str, threads: int, epochs: int = 1) -> list[str]:
+    """A probe's arguments; ``epochs``: its timed epochs (loop_probe's --repeats)."""
     out = ["--backbone", backbone, "--samples", str(args.samples), "--batch-size", str(args.batch_size),
-           "--threads", str(threads), "--repeats", "1", "--data", args.data]
+           "--threads", str(threads), "--repeats", str(epochs), "--data", args.data]
     return out + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
 
 
@@ -92,9 +93,7 @@ def loops_case(args: argparse.Namespace) -> list[dict]:
             for name, (loop, env) in LOOP_VARIANTS.items():
                 runs[name].append(run_probe(loop, common_args(args, backbone, args.threads), env, what=name))
         ratios = [f["median_samples_per_s"] / b["median_samples_per_s"] for f, b in zip(runs["fedbench"], runs["bare"])]
-        common = common_args(args, backbone, args.threads)
-        common[common.index("--repeats") + 1] = str(PAIRED_EPOCHS)
-        in_process = run_probe("paired", common, {}, what="paired")
+        in_process = run_probe("paired", common_args(args, backbone, args.threads, PAIRED_EPOCHS), {}, what="paired")
         summary = {name: {"samples_per_s": median_of(rs, "median_samples_per_s"),
                           "system_over_user": median_of(rs, "system_over_user"),
                           "minor_faults_per_step": median_of(rs, "minor_faults_per_step"),
