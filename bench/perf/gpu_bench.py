@@ -13,6 +13,13 @@ the projected wall time of the whole table for each setting:
 
     python -m bench.perf.gpu_bench                          # on the GPU: rows FedAvg, modes strict,tf32, K 1,4
     python -m bench.perf.gpu_bench --device cpu --tiny      # the CPU mode the tests run (seconds)
+
+``--mix K`` measures what ``table --jobs K`` does instead: K runs at once, the i-th of row i (the rows cycled),
+each row's cost taken under that load (only rounds run while all K runs were in their rounds), and the table
+projected as the longest runs first on K slots (its makespan), no speedup factor and no row inferred that ran.
+
+Rows with a text tower (FedCB, FedBM) get a stand-in of the same width built here (random unit embeddings):
+the bench times steps, and a run encodes its prompts once, before its rounds; their weights need a download.
 """
 from __future__ import annotations
 
@@ -64,17 +71,25 @@ def table_runs() -> tuple[Counter, dict]:
     return Counter(r.label for r in runs), configs
 
 
-def run_cost(record: dict, rounds: int, full_train: int) -> dict:
-    """ms per local step and the projected seconds of ``rounds`` rounds at ``full_train`` images, from a
-    record's rounds after the first."""
+def run_cost(record: dict, rounds: int, full: tuple[int, int], steady: list[dict] | None = None) -> dict:
+    """ms per local step and the projected seconds of ``rounds`` rounds at ``full`` = (training, test) images,
+    from ``steady`` (default: the record's rounds after the first). Training scales with the training images
+    and evaluation with the test images; the rest of a round (the all-reduce, aggregation, the server step such
+    as FedBM's generator) is taken as measured, except under the per-client protocols (``per_client``,
+    ``local_mean``): there each client's evaluation (and FedBABU's fine-tuning) runs inside the round outside
+    both timings, so the rest scales with the training images (an upper bound: aggregation is in it too)."""
     hist = record["history"]
-    steady = hist[1:] or hist
+    steady = (hist[1:] or hist) if steady is None else steady
     batch = record["config"]["fed"]["batch_size"]
     steps = sum(h["samples_trained"] for h in steady) / batch
-    scale = full_train / max(1, record["splits"]["train"])
-    per_round = sum(h["train_seconds"] * scale + h["eval_seconds"] for h in steady) / len(steady)
+    train_scale = full[0] / max(1, record["splits"]["train"])
+    test_scale = full[1] / max(1, record["splits"]["test"])
+    rest_scale = train_scale if record.get("protocol") in ("per_client", "local_mean") else 1.0
+    per_round = sum(h["train_seconds"] * train_scale + h["eval_seconds"] * test_scale
+                    + (h["round_seconds"] - h["train_seconds"] - h["eval_seconds"]) * rest_scale
+                    for h in steady) / len(steady)
     return {"ms_per_step": 1e3 * sum(h["train_seconds"] for h in steady) / max(1.0, steps),
-            "run_seconds": rounds * per_round}
+            "run_seconds": rounds * per_round, "rounds_used": len(steady)}
 
 
 def project(counts: Counter, costs: dict[str, float], fallback: str, speedup: float) -> tuple[float, list[str]]:
@@ -85,27 +100,57 @@ def project(counts: Counter, costs: dict[str, float], fallback: str, speedup: fl
     return total / speedup, inferred
 
 
+def stand_in_text_towers() -> None:
+    """Every named text encoder becomes a stand-in of its width: random unit embeddings, seeded by the
+    prompts' count (the bench times the steps; a run encodes its prompts once, before its rounds)."""
+    import torch
+
+    from lightning_modules.components import text_encoders as te
+
+    class StandIn(te.TextEncoder):
+        def __init__(self, name: str, dim: int) -> None:
+            self.name, self.dim = name, dim
+
+        def encode(self, texts: list[str]) -> torch.Tensor:
+            return torch.randn(len(texts), self.dim, generator=torch.Generator().manual_seed(len(texts)))
+
+    for name, spec in list(te.ENCODERS.items()):
+        te.ENCODERS[name] = te.EncoderSpec(spec.dim, lambda _device, n=name, d=spec.dim: StandIn(n, d))
+
+
 def one_run(args) -> None:
-    """Child mode: run one row for ``--rounds`` rounds and print its cost as one JSON line."""
+    """Child mode: run one row for ``--rounds`` rounds and print its cost as one JSON line; with ``--stream``,
+    run the row's whole schedule and print its rounds as they end (the parent stops it)."""
     from bench.assembly.experiment import make_fabric, run_experiment
+    from bench.assembly.run_outputs import RunObserver
     from datamodules.kvasir import KVASIR_SPLIT
 
     _, configs = table_runs()
     cfg = configs[args.row]
     table_rounds = cfg.fed.rounds
-    tmp = tempfile.mkdtemp(prefix="gpu-bench-run-")
+    full = round(KVASIR_IMAGES * KVASIR_SPLIT[0]), round(KVASIR_IMAGES * KVASIR_SPLIT[2])  # 5,600 / 1,600 at 7:1:2
+    tmp = tempfile.mkdtemp(prefix="gpu-bench-run-", dir=Path(args.root).parent)  # the parent's folder removes it
     cfg.data.root, cfg.data.cache_dir, cfg.data.image_size = args.root, f"{tmp}/cache", args.size
     cfg.data.max_test_samples = args.max_test
     if args.tiny:  # 168 training images cannot give 10 clients >= 10 images each at beta 0.05
         cfg.partition.args = {**cfg.partition.args, "min_size": 2}
-    cfg.fed.rounds, cfg.gpu_math = args.rounds, args.mode
+    if not args.stream:
+        cfg.fed.rounds = args.rounds
+    cfg.gpu_math = args.mode
     cfg.accelerator, cfg.devices, cfg.progress, cfg.threads = args.device, 1, False, args.threads
     cfg.output_dir, cfg.checkpoint_dir = f"{tmp}/runs", f"{tmp}/ckpt"
+    stand_in_text_towers()
     fabric = make_fabric(cfg)
     fabric.launch()
+    if args.stream:
+        print(json.dumps({"row": args.row, "table_rounds": table_rounds, "full": full}), flush=True)
+        from bench.perf.gpu_mix import RoundStream
+
+        observer = type("StreamObserver", (RoundStream, RunObserver), {})()
+        run_experiment(cfg, fabric, observer)
+        return
     record = run_experiment(cfg, fabric)
-    full_train = round(KVASIR_IMAGES * KVASIR_SPLIT[0])  # 5,600 training images at the papers' 7:1:2
-    print(json.dumps({"row": args.row, "mode": args.mode, **run_cost(record, table_rounds, full_train)}))
+    print(json.dumps({"row": args.row, "mode": args.mode, **run_cost(record, table_rounds, full)}))
 
 
 def measure(args, row: str, mode: str, k: int) -> list[dict]:
@@ -137,6 +182,20 @@ def bench(args, counts: Counter) -> list[dict]:
         print(f"gpu-bench [{time.perf_counter() - start:5.0f} s] {what}", file=sys.stderr, flush=True)
 
     for mode in args.modes.split(","):
+        if args.mix:
+            from bench.perf.gpu_mix import mix_setting
+
+            try:
+                settings.append(mix_setting(args, counts, rows, mode))
+                progress(f"{args.mix} rows at once under {mode}: {settings[-1]['aggregate_steps_per_s']:.1f} steps/s, "
+                         f"table {settings[-1]['table_hours']:.2f} h")
+            except SystemExit as err:
+                progress(f"{mode}: {err}")
+                settings.append({"mode": mode, "error": str(err)})
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(settings[-1]) + "\n")
+            continue
         try:
             costs = {}
             for row in rows:
@@ -167,15 +226,23 @@ def print_settings(settings: list[dict], counts_total: int, device: str) -> None
     print(f"{'gpu_math':<8} {'jobs':>4} {'ms/step (each run)':<28} {'steps/s':>8} {'speedup':>8} {'table hours':>12}")
     for s in (s for s in settings if "error" not in s):
         each = ", ".join(f"{v:g}" for v in s["ms_per_step"][:4]) + (" ..." if len(s["ms_per_step"]) > 4 else "")
-        print(f"{s['mode']:<8} {s['jobs']:>4} {each:<28} {s['aggregate_steps_per_s']:>8.1f} {s['speedup']:>7.2f}x "
+        speedup = "mix" if s.get("mix") else f"{s['speedup']:.2f}x"
+        print(f"{s['mode']:<8} {s['jobs']:>4} {each:<28} {s['aggregate_steps_per_s']:>8.1f} {speedup:>8} "
               f"{s['table_hours']:>11.2f}")
+    for s in (s for s in settings if s.get("mix")):
+        print(f"{s['mode']} mix of {s['jobs']}: per-run cost under that load (s) {s['row_seconds']}; rounds used "
+              f"{s['rounds_used']}; {s['inferred_rows']} rows inferred at their mean; one at a time "
+              f"{s['serial_hours']:.2f} h; longest first on {s['jobs']} slots {s['table_hours']:.2f} h"
+)
     for s in settings:
         if "error" in s:
             print(f"{s['mode']:<8} FAILED: {s['error'].splitlines()[0]}")
     measured = [s for s in settings if "error" not in s]
     if not measured:
         return
-    first = measured[0]
+    first = next((s for s in measured if not s.get("mix")), None)
+    if first is None:
+        return
     print(f"per-run cost of the measured rows (s): {first['row_seconds']}; {first['inferred_rows']} rows inferred "
           "at the first row's cost")
 
@@ -183,7 +250,10 @@ def print_settings(settings: list[dict], counts_total: int, device: str) -> None
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--rows", default="FedAvg", help="table rows to measure, comma-separated (the first sets K's speedup)")
+    p.add_argument("--rows", default="FedAvg", help="table rows to measure, comma-separated (the first sets K's "
+                   "speedup), or 'all' (the table's rows)")
+    p.add_argument("--mix", type=int, default=0, metavar="K",
+                   help="instead of alone and --jobs: K runs at once of the rows cycled (what table --jobs K does)")
     p.add_argument("--modes", default="strict,tf32", help="gpu_math modes, comma-separated")
     p.add_argument("--jobs", default="1,4", help="runs at once, comma-separated")
     p.add_argument("--rounds", type=int, default=3)
@@ -191,9 +261,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=int, default=500)
     p.add_argument("--max-test", type=int, default=None)
     p.add_argument("--json", help="also append each measured setting to this file as a JSON line")
+    p.add_argument("--reproject", metavar="FILE", help="project the --mix settings of a --json file again from their "
+                   "saved rounds (no device, no runs)")
     p.add_argument("--tiny", action="store_true", help="16 px, 30 images per class, 2 rounds (the test suite's mode)")
     p.add_argument("--root", help=argparse.SUPPRESS)
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
@@ -206,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         skip_torchmetrics_extras()  # a run's process, as `fedbench run`'s (bench/cli.py main)
         one_run(args)
         return 0
+    if args.reproject:
+        from bench.perf.gpu_mix import reproject
+
+        counts, _ = table_runs()
+        settings = reproject(args.reproject, counts)
+        print_settings(settings, sum(counts.values()), f"the device of {args.reproject}")
+        return 0
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -215,6 +295,22 @@ def main(argv: list[str] | None = None) -> int:
         args.size, args.per_class, args.rounds, args.max_test = 16, 30, 2, 40
     start = time.perf_counter()
     counts, _ = table_runs()
+    if args.rows == "all":
+        args.rows = ",".join(counts)
+    unknown = sorted(set(args.rows.split(",")) - set(counts))
+    if unknown:
+        print(f"gpu-bench: no row {unknown} in {TABLE}; its rows: {', '.join(counts)}", file=sys.stderr)
+        return 2
+    from bench.core.numerics import GPU_MATH_MODES
+
+    modes = sorted(set(args.modes.split(",")) - set(GPU_MATH_MODES))
+    if modes:
+        print(f"gpu-bench: no gpu_math mode {modes}; the modes: {', '.join(GPU_MATH_MODES)}", file=sys.stderr)
+        return 2
+    if args.mix < 0 or args.rounds < 2:
+        print("gpu-bench: --mix takes K >= 1 runs at once (0: off) and --rounds at least 2 (the first is warm-up)",
+              file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="fedbench-gpu-bench-") as tmp:
         args.root = str(write_kvasir(Path(tmp), args.per_class))
         settings = bench(args, counts)

@@ -4,20 +4,86 @@ tests/perf/test_gpu_paths.py."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from bench.perf.gpu_bench import project, run_cost
+from bench.perf.gpu_mix import loaded_rounds, makespan, mix_projection, reproject
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "gpu"
+
+
+def rnd(train: float, evaluation: float, total: float, samples: int = 2240) -> dict:
+    return {"train_seconds": train, "eval_seconds": evaluation, "round_seconds": total, "samples_trained": samples}
 
 
 def test_a_rows_cost_comes_from_the_rounds_after_the_first_scaled_to_the_full_data():
-    record = {"config": {"fed": {"batch_size": 8}}, "splits": {"train": 2800},
-              "history": [{"train_seconds": 9.0, "eval_seconds": 1.0, "samples_trained": 3100},
-                          {"train_seconds": 2.8, "eval_seconds": 0.1, "samples_trained": 2240},
-                          {"train_seconds": 2.6, "eval_seconds": 0.1, "samples_trained": 1960}]}
-    cost = run_cost(record, rounds=200, full_train=5600)
+    """Training scales with the training images (5,600 / 2,800), evaluation with the test images (1,600 / 400);
+    the rest of the round (aggregation, the server step) is taken as measured."""
+    record = {"config": {"fed": {"batch_size": 8}}, "splits": {"train": 2800, "test": 400},
+              "history": [rnd(9.0, 1.0, 10.5, 3100), rnd(2.8, 0.1, 3.0, 2240), rnd(2.6, 0.1, 3.2, 1960)]}
+    cost = run_cost(record, rounds=200, full=(5600, 1600))
     assert cost["ms_per_step"] == pytest.approx(1e3 * 5.4 / 525)  # (2.8 + 2.6) s over (2240 + 1960) / 8 steps
-    assert cost["run_seconds"] == pytest.approx(200 * (2.8 * 2 + 0.1 + 2.6 * 2 + 0.1) / 2)  # 1,100 s
+    # per round: 2.8 x 2 + 0.1 x 4 + 0.1 rest, then 2.6 x 2 + 0.1 x 4 + 0.5 rest (FedBM's generator, say)
+    assert cost["run_seconds"] == pytest.approx(200 * (6.1 + 6.1) / 2) and cost["rounds_used"] == 2
+
+
+def test_under_a_per_client_protocol_the_rest_of_the_round_scales_with_the_data():
+    """Per-client rows evaluate each client (FedBABU also fine-tunes it) inside the round, outside both timings."""
+    history = [rnd(2.0, 0.0, 2.0), rnd(2.0, 0.0, 5.0)]
+    record = {"config": {"fed": {"batch_size": 8}}, "splits": {"train": 1400, "test": 400}, "history": history}
+    assert run_cost(record, 10, (5600, 1600))["run_seconds"] == pytest.approx(10 * (2.0 * 4 + 3.0))
+    per_client = {**record, "protocol": "per_client"}
+    assert run_cost(per_client, 10, (5600, 1600))["run_seconds"] == pytest.approx(10 * (2.0 * 4 + 3.0 * 4))
+    assert run_cost(per_client, 10, (5600, 1600), steady=history)["rounds_used"] == 2  # given rounds: all used
+
+
+def test_the_longest_runs_first_on_k_slots_end_when_the_busiest_slot_ends():
+    assert makespan([3, 5, 3, 4, 3], 2) == 10  # 5 | 4, then 3 on the 4 (7), 3 on the 5 (8), 3 on the 7 (10)
+    assert makespan([3, 5, 3, 4, 3], 1) == 18 and makespan([3, 5, 3, 4, 3], 8) == 5
+
+
+def stream(row: str, ends: list[float], seconds: float = 2.0, protocol: str = "global") -> dict:
+    return {"row": row, "table_rounds": 200, "full": [5600, 1600], "train": 1400, "test": 400, "batch": 8,
+            "protocol": protocol, "rounds": [{"round": i, "end": e, **rnd(seconds * 0.9, 0.0, seconds, 1400)}
+                                             for i, e in enumerate(ends)]}
+
+
+def test_a_mix_uses_only_the_rounds_run_while_every_run_was_in_its_rounds():
+    """The window opens when the last run ends its round 0 (another still loading its data is no load) and
+    closes when the runs were stopped together."""
+    fast = stream("FedAvg", [10, 12, 14, 16, 18, 20])
+    slow = stream("MOON", [13, 17, 21, 25], seconds=4.0)
+    inside = loaded_rounds([fast, slow], stop=25.5)
+    assert [h["round"] for h in inside[0]] == [3, 4, 5]  # round 2 started at 12, before MOON's round 0 ended (13)
+    assert [h["round"] for h in inside[1]] == [1, 2, 3]
+    setting = mix_projection(Counter({"FedAvg": 6, "MOON": 6, "Central": 3}), [fast, slow], 25.5, "tf32", 2)
+    fedavg, moon = 200 * (1.8 * 4 + 0.2), 200 * (3.6 * 4 + 0.4)  # training x 4, the rest as measured
+    assert setting["row_seconds"] == {"FedAvg": pytest.approx(fedavg, abs=0.05), "MOON": pytest.approx(moon, abs=0.05)}
+    assert setting["inferred_rows"] == 1 and setting["rounds_used"] == {"FedAvg": [3], "MOON": [3]}
+    mean = (fedavg + moon) / 2
+    assert setting["table_hours"] == pytest.approx(makespan([moon] * 6 + [mean] * 3 + [fedavg] * 6, 2) / 3600)
+    assert setting["serial_hours"] == pytest.approx((6 * fedavg + 6 * moon + 3 * mean) / 3600)
+    assert setting["aggregate_steps_per_s"] == pytest.approx(1e3 / (1e3 * 1.8 / 175) + 1e3 / (1e3 * 3.6 / 175))
+
+
+def test_the_h200_mix_of_2026_11_28_projects_as_docs_gpu_md_says():
+    """docs/gpu.md's table2_kvasir hours for 16 of the table's rows at once (H200, CUDA MPS) come from the
+    rounds saved in docs/gpu/*.jsonl by `gpu_bench --reproject`; the streams were saved before they carried
+    their protocol, so the per-client rows get theirs from the table here."""
+    counts = Counter(
+        {"Central": 3, "FedAvg": 6, "FedProx": 6, "FedDyn": 6, "Scaffold": 6, "MOON": 6, "FedRep (per-client)": 6,
+         "FedRoD (per-client)": 6, "FedBABU (per-client)": 6, "FedNH": 6, "FedProto (per-client)": 6,
+         "FedRep (FedETF eval)": 6, "FedRoD (generic head)": 6, "FedProto (client models)": 6, "FedETF": 6,
+         "FedLC": 6, "FedRS": 6, "FedCB": 6, "FedBM": 6})
+    tf32, = reproject(str(DOCS / "2026-11-28-mix16-tf32.jsonl"), counts)
+    strict, = reproject(str(DOCS / "2026-11-28-mix16-strict.jsonl"), counts)
+    assert (tf32["jobs"], tf32["inferred_rows"], strict["inferred_rows"]) == (16, 3, 3)
+    assert round(tf32["table_hours"], 2) == 7.70 and round(strict["table_hours"], 2) == 11.16
+    assert round(tf32["serial_hours"], 1) == 121.1 and round(strict["serial_hours"], 1) == 176.6
+    assert tf32["row_seconds"]["FedAvg"] == 3463.4 and tf32["row_seconds"]["FedBABU (per-client)"] == 5531.7
+    assert round(tf32["aggregate_steps_per_s"], 1) == 688.6 and round(strict["aggregate_steps_per_s"], 1) == 491.1
 
 
 def test_the_table_projects_every_run_at_its_rows_cost_or_the_first_rows_and_divides_by_the_speedup():
@@ -51,3 +117,34 @@ def test_a_failed_mode_is_reported_and_the_others_still_measure_and_land_in_the_
     assert settings[1]["table_hours"] == pytest.approx(111 * 1000.0 / 3.2 / 3600)
     assert "fast     FAILED: gpu-bench: FedAvg under fast failed:" in printed.out
     assert "FedAvg under tf32, 4 at once: 320.0 steps/s" in printed.err
+
+
+def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tmp_path, monkeypatch):
+    """One of K streamed runs fails: the others (here one that would run a minute) are killed, and the
+    failure's own stderr is the error."""
+    import argparse
+    import time
+
+    from bench.perf import gpu_mix
+
+    child = tmp_path / "child.sh"
+    child.write_text("#!/bin/sh\ncase \"$*\" in *MOON*) echo '{\"row\": \"MOON\"}'; exec sleep 60;; "
+                     "*) echo 'CUDA error: out of memory' >&2; exit 1;; esac\n")
+    child.chmod(0o755)
+    monkeypatch.setattr(gpu_mix.sys, "executable", str(child))
+    args = argparse.Namespace(root=str(tmp_path), size=16, device="cpu", max_test=None, tiny=False, rounds=3)
+    started = time.perf_counter()
+    with pytest.raises(SystemExit, match="FedAvg under tf32 failed:\nCUDA error: out of memory"):
+        gpu_mix.streamed(args, ["MOON", "FedAvg"], "tf32", 2)
+    assert time.perf_counter() - started < 8  # not the 60 s run, nor the 10 s wait for one that ignores Ctrl-C
+
+
+@pytest.mark.parametrize("argv, says", [(["--modes", "tf32,bogus"], "no gpu_math mode ['bogus']"),
+                                        (["--rows", "FedAvg,FedAvgg"], "no row ['FedAvgg']"),
+                                        (["--mix", "-1"], "--mix takes K >= 1")])
+def test_gpu_bench_refuses_bad_input_before_it_writes_or_runs_anything(argv, says, monkeypatch, capsys):
+    from bench.perf import gpu_bench
+
+    monkeypatch.setattr(gpu_bench, "write_kvasir", lambda *a: pytest.fail("wrote images"))
+    assert gpu_bench.main(["--device", "cpu", *argv]) == 2
+    assert says in capsys.readouterr().err
