@@ -59,16 +59,38 @@ def write_kvasir(root: Path, per_class: int) -> Path:
     return base
 
 
-def table_runs() -> tuple[Counter, dict]:
-    """The table's distinct runs counted per row label, and each row's first config (seed 0)."""
+def distinct_table_runs() -> list:
+    """table2_kvasir's distinct planned runs, in plan order."""
     from bench.scheduling.table_runner import distinct_runs, load_table_config, plan_runs
 
-    runs = distinct_runs(plan_runs(load_table_config(TABLE), output_dir="/tmp/none", check_records=False))
+    return distinct_runs(plan_runs(load_table_config(TABLE), output_dir="/tmp/none", check_records=False))
+
+
+def table_runs() -> tuple[Counter, dict]:
+    """The table's distinct runs counted per row label, and each row's first config (seed 0)."""
+    runs = distinct_table_runs()
     configs: dict = {}
     for r in runs:
         if r.cfg.seed == 0:
             configs.setdefault(r.label, r.cfg)
     return Counter(r.label for r in runs), configs
+
+
+def jobs_order() -> list[str]:
+    """The row label of each distinct run, in the order `table --jobs K` starts them (its own estimate of a
+    run's work, longest first: bench/scheduling/table_jobs.py)."""
+    from bench.scheduling.table_jobs import longest_first
+
+    return [r.label for r in longest_first(distinct_table_runs())]
+
+
+def schedule_rounds(cfg) -> int:
+    """The rounds a run of ``cfg`` goes through: a central method trains rounds x local epochs rounds of one
+    epoch each (bench/assembly/central.py)."""
+    from lightning_modules.base import METHODS
+
+    central = METHODS.get(cfg.method.name).runs_centrally
+    return cfg.fed.rounds * (cfg.fed.local_epochs if central else 1)
 
 
 def run_cost(record: dict, rounds: int, full: tuple[int, int], steady: list[dict] | None = None) -> dict:
@@ -127,7 +149,7 @@ def one_run(args) -> None:
 
     _, configs = table_runs()
     cfg = configs[args.row]
-    table_rounds = cfg.fed.rounds
+    table_rounds = schedule_rounds(cfg)
     full = round(KVASIR_IMAGES * KVASIR_SPLIT[0]), round(KVASIR_IMAGES * KVASIR_SPLIT[2])  # 5,600 / 1,600 at 7:1:2
     tmp = tempfile.mkdtemp(prefix="gpu-bench-run-", dir=Path(args.root).parent)  # the parent's folder removes it
     cfg.data.root, cfg.data.cache_dir, cfg.data.image_size = args.root, f"{tmp}/cache", args.size
@@ -232,7 +254,8 @@ def print_settings(settings: list[dict], counts_total: int, device: str) -> None
     for s in (s for s in settings if s.get("mix")):
         print(f"{s['mode']} mix of {s['jobs']}: per-run cost under that load (s) {s['row_seconds']}; rounds used "
               f"{s['rounds_used']}; {s['inferred_rows']} rows inferred at their mean; one at a time "
-              f"{s['serial_hours']:.2f} h; longest first on {s['jobs']} slots {s['table_hours']:.2f} h"
+              f"{s['serial_hours']:.2f} h; on {s['jobs']} slots in table --jobs' order {s['table_hours']:.2f} h "
+              f"(longest first by these costs: {s['ideal_hours']:.2f} h)"
 )
     for s in settings:
         if "error" in s:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.perf.gpu_bench import run_cost, table_runs
+from bench.perf.gpu_bench import jobs_order, run_cost, schedule_rounds, table_runs
 
 
 def loaded_rounds(runs: list[dict], stop: float) -> list[list[dict]]:
@@ -26,13 +26,13 @@ def loaded_rounds(runs: list[dict], stop: float) -> list[list[dict]]:
             for r in runs]
 
 
-def makespan(costs: list[float], slots: int) -> float:
-    """When the last of ``costs`` ends, started longest first on ``slots`` workers (each takes the next run
-    as it frees)."""
+def makespan(costs: list[float], slots: int, in_order: bool = False) -> float:
+    """When the last of ``costs`` ends, started longest first (``in_order``: in the given order) on ``slots``
+    workers, each taking the next run as it frees."""
     import heapq
 
     ends = [0.0] * max(1, slots)
-    for cost in sorted(costs, reverse=True):
+    for cost in (costs if in_order else sorted(costs, reverse=True)):
         heapq.heapreplace(ends, ends[0] + cost)
     return max(ends)
 
@@ -120,11 +120,14 @@ def mix_setting(args, counts: Counter, rows: list[str], mode: str) -> dict:
     window where all K ran (``loaded_rounds``), and the table as the longest runs first on K slots. A row of the
     table that did not run is costed at the mean of those that did (inferred)."""
     runs, stop = streamed(args, rows, mode, args.mix)
-    return mix_projection(counts, runs, stop, mode, args.mix)
+    return mix_projection(counts, runs, stop, mode, args.mix, jobs_order())
 
 
-def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k: int) -> dict:
-    """A mix setting from K streamed runs stopped together at ``stop`` (``mix_setting``; ``--reproject``)."""
+def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k: int,
+                   order: list[str] | None = None) -> dict:
+    """A mix setting from K streamed runs stopped together at ``stop`` (``mix_setting``; ``--reproject``). The
+    table's hours: its runs started in ``order`` (row labels; `table --jobs`'s own order) on K slots, and
+    (``ideal_hours``) longest first by the measured costs."""
     per_row: dict[str, list[dict]] = {}
     for run, inside in zip(runs, loaded_rounds(runs, stop)):
         inside = inside or run["rounds"][1:] or run["rounds"]  # a run at its schedule's end before the window
@@ -134,11 +137,13 @@ def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k:
     row_seconds = {row: sum(c["run_seconds"] for c in cs) / len(cs) for row, cs in per_row.items()}
     mean = sum(row_seconds.values()) / len(row_seconds)
     inferred = sorted(label for label in counts if label not in row_seconds)
-    seconds = makespan([row_seconds.get(label, mean) for label, n in counts.items() for _ in range(n)], k)
+    costs = [row_seconds.get(label, mean) for label, n in counts.items() for _ in range(n)]
+    ideal = makespan(costs, k)
+    seconds = makespan([row_seconds.get(label, mean) for label in order], k, in_order=True) if order else ideal
     steps = [c["ms_per_step"] for cs in per_row.values() for c in cs]
     return {"mode": mode, "jobs": k, "mix": True, "ms_per_step": [round(v, 2) for v in steps],
             "aggregate_steps_per_s": sum(1e3 / v for v in steps), "speedup": None, "table_hours": seconds / 3600,
-            "inferred_rows": len(inferred),
+            "ideal_hours": ideal / 3600, "inferred_rows": len(inferred),
             "rounds_used": {row: [c["rounds_used"] for c in cs] for row, cs in per_row.items()},
             "row_seconds": {row: round(v, 1) for row, v in row_seconds.items()},
             "serial_hours": sum(n * row_seconds.get(label, mean) for label, n in counts.items()) / 3600,
@@ -147,7 +152,9 @@ def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k:
 
 def reproject(path: str, counts: Counter) -> list[dict]:
     """``--reproject FILE``: the mix settings of a --json file projected again from their saved streams (no
-    device needed). A stream saved without its protocol gets its row's (the method's and table's)."""
+    device needed). Each stream's rounds to go are taken from the table's config (``schedule_rounds``: streams
+    saved before 2026-11-29 counted a central run's rounds before they were multiplied by its local epochs),
+    and a stream saved without its protocol gets its row's (the method's and the table's)."""
     from lightning_modules.base import METHODS
 
     _, configs = table_runs()
@@ -157,9 +164,11 @@ def reproject(path: str, counts: Counter) -> list[dict]:
         if not saved.get("mix"):
             continue
         for run in saved["streams"]:
+            cfg = configs[run["row"]]
+            run["table_rounds"] = schedule_rounds(cfg)
             if "protocol" not in run:
-                cfg = configs[run["row"]]
                 cls = METHODS.get(cfg.method.name)
                 run["protocol"] = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
-        settings.append(mix_projection(counts, saved["streams"], saved["stopped"], saved["mode"], saved["jobs"]))
+        settings.append(mix_projection(counts, saved["streams"], saved["stopped"], saved["mode"], saved["jobs"],
+                                       jobs_order()))
     return settings

@@ -70,8 +70,8 @@ def test_a_mix_uses_only_the_rounds_run_while_every_run_was_in_its_rounds():
 
 def test_the_h200_mix_of_2026_11_28_projects_as_docs_gpu_md_says():
     """docs/gpu.md's table2_kvasir hours for 16 of the table's rows at once (H200, CUDA MPS) come from the
-    rounds saved in docs/gpu/*.jsonl by `gpu_bench --reproject`; the streams were saved before they carried
-    their protocol, so the per-client rows get theirs from the table here."""
+    rounds saved in docs/gpu/*.jsonl by `gpu_bench --reproject`. The streams were saved before they carried
+    their protocol and counted Central's 400 one-epoch rounds as 200: both come from the table here."""
     counts = Counter(
         {"Central": 3, "FedAvg": 6, "FedProx": 6, "FedDyn": 6, "Scaffold": 6, "MOON": 6, "FedRep (per-client)": 6,
          "FedRoD (per-client)": 6, "FedBABU (per-client)": 6, "FedNH": 6, "FedProto (per-client)": 6,
@@ -80,10 +80,22 @@ def test_the_h200_mix_of_2026_11_28_projects_as_docs_gpu_md_says():
     tf32, = reproject(str(DOCS / "2026-11-28-mix16-tf32.jsonl"), counts)
     strict, = reproject(str(DOCS / "2026-11-28-mix16-strict.jsonl"), counts)
     assert (tf32["jobs"], tf32["inferred_rows"], strict["inferred_rows"]) == (16, 3, 3)
-    assert round(tf32["table_hours"], 2) == 7.70 and round(strict["table_hours"], 2) == 11.16
-    assert round(tf32["serial_hours"], 1) == 121.1 and round(strict["serial_hours"], 1) == 176.6
+    assert round(tf32["table_hours"], 2) == 8.14 and round(strict["table_hours"], 2) == 11.82  # table --jobs' order
+    assert round(tf32["ideal_hours"], 2) == 7.88 and round(strict["ideal_hours"], 2) == 11.56  # longest first
+    assert round(tf32["serial_hours"], 1) == 124.4 and round(strict["serial_hours"], 1) == 181.2
     assert tf32["row_seconds"]["FedAvg"] == 3463.4 and tf32["row_seconds"]["FedBABU (per-client)"] == 5531.7
+    assert tf32["row_seconds"]["Central"] == 5760.4  # 400 rounds of 1 epoch
     assert round(tf32["aggregate_steps_per_s"], 1) == 688.6 and round(strict["aggregate_steps_per_s"], 1) == 491.1
+
+
+def test_a_central_run_goes_through_rounds_times_local_epochs_rounds_and_the_jobs_order_is_table_jobs():
+    from bench.perf.gpu_bench import jobs_order, schedule_rounds, table_runs
+
+    counts, configs = table_runs()
+    assert schedule_rounds(configs["Central"]) == 400 and schedule_rounds(configs["FedAvg"]) == 200
+    order = jobs_order()
+    assert Counter(order) == counts and order[:6] == ["FedBM"] * 6  # (8 + 32) / 8 of FedAvg's work: first
+    assert makespan([2, 2, 4], 2, in_order=True) == 6 and makespan([2, 2, 4], 2) == 4  # the long run last: 2 + 4
 
 
 def test_the_table_projects_every_run_at_its_rows_cost_or_the_first_rows_and_divides_by_the_speedup():

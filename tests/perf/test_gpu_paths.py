@@ -268,7 +268,7 @@ def test_gpu_bench_mix_runs_the_rows_at_once_and_stops_them_together(tmp_path, m
     import json
     import tempfile
 
-    from bench.perf.gpu_bench import main
+    from bench.perf.gpu_bench import jobs_order, main
     from bench.perf.gpu_mix import makespan
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -284,8 +284,9 @@ def test_gpu_bench_mix_runs_the_rows_at_once_and_stops_them_together(tmp_path, m
         assert 2 <= len(run["rounds"]) < run["table_rounds"] == 200
         assert run["rounds"][-1]["end"] <= setting["stopped"] and run["protocol"] == "global"
     mean = sum(setting["row_seconds"].values()) / 2
-    costs = [setting["row_seconds"]["FedAvg"]] * 6 + [setting["row_seconds"]["FedBM"]] * 6 + [mean] * 99
-    assert setting["table_hours"] == pytest.approx(makespan(costs, 2) / 3600, rel=1e-3)  # rounded row costs
+    costs = [setting["row_seconds"].get(label, mean) for label in jobs_order()]  # table --jobs' order
+    assert setting["table_hours"] == pytest.approx(makespan(costs, 2, in_order=True) / 3600, rel=1e-3)
+    assert setting["ideal_hours"] == pytest.approx(makespan(costs, 2) / 3600, rel=1e-3)  # (rounded row costs)
     assert "tf32 mix of 2: per-run cost under that load" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mix.jsonl"]
 
