@@ -159,6 +159,7 @@ def one_run(args) -> None:
     if not args.stream:
         cfg.fed.rounds = args.rounds
     cfg.gpu_math = args.mode
+    apply_option_sets(cfg, checked_option_sets(args.set))  # e.g. compile=true, channels_last=true
     cfg.accelerator, cfg.devices, cfg.progress, cfg.threads = args.device, 1, False, args.threads
     cfg.output_dir, cfg.checkpoint_dir = f"{tmp}/runs", f"{tmp}/ckpt"
     stand_in_text_towers()
@@ -175,10 +176,38 @@ def one_run(args) -> None:
     print(json.dumps({"row": args.row, "mode": args.mode, **run_cost(record, table_rounds, full)}))
 
 
+def checked_option_sets(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as `fedbench table --set` reads them (typed and checked); a method's or a
+    partition's own options (``method.args.*``) are refused: the rows are the table's."""
+    from bench.core.errors import FedbenchError
+    from bench.tables.table_overrides import checked_sets
+
+    sets = checked_sets(items)
+    own = sorted(k for k in sets if ".args." in k)
+    if own:
+        raise FedbenchError(f"--set {own[0]}: the rows' own options are the table's; set run options only "
+                            "(compile=true, channels_last=true, precision=bf16-mixed ...).")
+    return sets
+
+
+def apply_option_sets(cfg, sets: dict) -> None:
+    """Each checked ``--set`` (dotted RunConfig option -> value) into ``cfg``."""
+    for key, value in sets.items():
+        *path, last = key.split(".")
+        target = cfg
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, value)
+
+
+def set_args(args) -> list[str]:
+    return [a for item in args.set for a in ("--set", item)]
+
+
 def measure(args, row: str, mode: str, k: int) -> list[dict]:
     """K child runs of ``row`` at once (each ``cores // K`` threads); their JSON results."""
     threads = max(1, (os.cpu_count() or 1) // k)
-    cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--row", row, "--mode", mode,
+    cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", *set_args(args), "--row", row, "--mode", mode,
            "--root", args.root, "--size", str(args.size), "--rounds", str(args.rounds), "--device", args.device,
            "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
                ["--tiny"] if args.tiny else [])
@@ -229,7 +258,7 @@ def bench(args, counts: Counter) -> list[dict]:
                 aggregate = sum(1e3 / r["ms_per_step"] for r in runs)
                 seconds, inferred = project(counts, {row: c["run_seconds"] for row, c in costs.items()}, rows[0],
                                             aggregate / alone)
-                settings.append({"mode": mode, "jobs": k, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
+                settings.append({"mode": mode, "jobs": k, "sets": args.set, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
                                  "aggregate_steps_per_s": aggregate, "speedup": aggregate / alone,
                                  "table_hours": seconds / 3600, "inferred_rows": len(inferred),
                                  "row_seconds": {row: round(c["run_seconds"], 1) for row, c in costs.items()}})
@@ -244,7 +273,9 @@ def bench(args, counts: Counter) -> list[dict]:
 
 
 def print_settings(settings: list[dict], counts_total: int, device: str) -> None:
-    print(f"table2_kvasir: {counts_total} distinct runs, projected on {device}")
+    sets = sorted({item for s in settings for item in s.get("sets", [])})
+    print(f"table2_kvasir: {counts_total} distinct runs, projected on {device}"
+          + (f", every run with --set {' '.join(sets)}" if sets else ""))
     print(f"{'gpu_math':<8} {'jobs':>4} {'ms/step (each run)':<28} {'steps/s':>8} {'speedup':>8} {'table hours':>12}")
     for s in (s for s in settings if "error" not in s):
         each = ", ".join(f"{v:g}" for v in s["ms_per_step"][:4]) + (" ..." if len(s["ms_per_step"]) > 4 else "")
@@ -283,6 +314,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--per-class", type=int, default=500)
     p.add_argument("--max-test", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a run option for every measured run, as `fedbench table --set` (e.g. compile=true)")
     p.add_argument("--json", help="also append each measured setting to this file as a JSON line")
     p.add_argument("--reproject", metavar="FILE", help="project the --mix settings of a --json file again from their "
                    "saved rounds (no device, no runs)")
@@ -324,11 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"gpu-bench: no row {unknown} in {TABLE}; its rows: {', '.join(counts)}", file=sys.stderr)
         return 2
+    from bench.core.errors import FedbenchError
     from bench.core.numerics import GPU_MATH_MODES
 
     modes = sorted(set(args.modes.split(",")) - set(GPU_MATH_MODES))
     if modes:
         print(f"gpu-bench: no gpu_math mode {modes}; the modes: {', '.join(GPU_MATH_MODES)}", file=sys.stderr)
+        return 2
+    try:
+        checked_option_sets(args.set)
+    except FedbenchError as err:
+        print(f"gpu-bench: {err}", file=sys.stderr)
         return 2
     if args.mix < 0 or args.rounds < 2:
         print("gpu-bench: --mix takes K >= 1 runs at once (0: off) and --rounds at least 2 (the first is warm-up)",

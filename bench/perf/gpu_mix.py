@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.perf.gpu_bench import jobs_order, run_cost, schedule_rounds, table_runs
+from bench.perf.gpu_bench import jobs_order, run_cost, schedule_rounds, set_args, table_runs
 
 
 def loaded_rounds(runs: list[dict], stop: float) -> list[list[dict]]:
@@ -72,9 +72,9 @@ def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], floa
         runs, procs, logs = [], [], []
         for i in range(k):
             row = rows[i % len(rows)]
-            cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--stream", "--row", row, "--mode",
-                   mode, "--root", args.root, "--size", str(args.size), "--device", args.device, "--threads",
-                   str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
+            cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--stream", *set_args(args), "--row",
+                   row, "--mode", mode, "--root", args.root, "--size", str(args.size), "--device", args.device,
+                   "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
                        ["--tiny"] if args.tiny else [])
             logs.append(stack.enter_context(tempfile.TemporaryFile("w+")))
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logs[-1], text=True, env=env))
@@ -120,7 +120,7 @@ def mix_setting(args, counts: Counter, rows: list[str], mode: str) -> dict:
     window where all K ran (``loaded_rounds``), and the table as the longest runs first on K slots. A row of the
     table that did not run is costed at the mean of those that did (inferred)."""
     runs, stop = streamed(args, rows, mode, args.mix)
-    return mix_projection(counts, runs, stop, mode, args.mix, jobs_order())
+    return {**mix_projection(counts, runs, stop, mode, args.mix, jobs_order()), "sets": args.set}
 
 
 def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k: int,

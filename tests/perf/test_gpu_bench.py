@@ -144,7 +144,7 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
                      "*) echo 'CUDA error: out of memory' >&2; exit 1;; esac\n")
     child.chmod(0o755)
     monkeypatch.setattr(gpu_mix.sys, "executable", str(child))
-    args = argparse.Namespace(root=str(tmp_path), size=16, device="cpu", max_test=None, tiny=False, rounds=3)
+    args = argparse.Namespace(root=str(tmp_path), size=16, device="cpu", max_test=None, tiny=False, rounds=3, set=[])
     started = time.perf_counter()
     with pytest.raises(SystemExit, match="FedAvg under tf32 failed:\nCUDA error: out of memory"):
         gpu_mix.streamed(args, ["MOON", "FedAvg"], "tf32", 2)
@@ -153,10 +153,27 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
 
 @pytest.mark.parametrize("argv, says", [(["--modes", "tf32,bogus"], "no gpu_math mode ['bogus']"),
                                         (["--rows", "FedAvg,FedAvgg"], "no row ['FedAvgg']"),
-                                        (["--mix", "-1"], "--mix takes K >= 1")])
+                                        (["--mix", "-1"], "--mix takes K >= 1"),
+                                        (["--set", "compil=true"], "--set compil: unknown option. Did you mean compile?"),
+                                        (["--set", "method.args.mu=1"], "--set method.args.mu: the rows' own options")])
 def test_gpu_bench_refuses_bad_input_before_it_writes_or_runs_anything(argv, says, monkeypatch, capsys):
     from bench.perf import gpu_bench
 
     monkeypatch.setattr(gpu_bench, "write_kvasir", lambda *a: pytest.fail("wrote images"))
     assert gpu_bench.main(["--device", "cpu", *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_gpu_bench_set_gives_every_measured_run_a_run_option_as_table_set_reads_it():
+    """`--set compile=true` (what a GPU session measures next: the runs are host-bound) reaches each child run's
+    config typed as `fedbench table --set` types it, and is passed on to the children's command lines."""
+    import argparse
+
+    from bench.assembly.config import RunConfig
+    from bench.perf.gpu_bench import apply_option_sets, checked_option_sets, set_args
+
+    cfg = RunConfig()
+    apply_option_sets(cfg, checked_option_sets(["compile=true", "fed.rounds=3", "channels_last=yes"]))
+    assert (cfg.compile, cfg.fed.rounds, cfg.channels_last) == (True, 3, True)
+    assert set_args(argparse.Namespace(set=["compile=true", "fed.rounds=3"])) == [
+        "--set", "compile=true", "--set", "fed.rounds=3"]
