@@ -16,7 +16,8 @@ the projected wall time of the whole table for each setting:
 
 ``--mix K`` measures what ``table --jobs K`` does instead: K runs at once, the i-th of row i (the rows cycled),
 each row's cost taken under that load (only rounds run while all K runs were in their rounds), and the table
-projected as the longest runs first on K slots (its makespan), no speedup factor and no row inferred that ran.
+projected as its runs started on K slots in ``table --jobs``' own order: no speedup factor, and no row inferred
+that ran (bench/perf/gpu_mix.py). ``--set KEY=VALUE`` gives every measured run a run option (compile=true).
 
 Rows with a text tower (FedCB, FedBM) get a stand-in of the same width built here (random unit embeddings):
 the bench times steps, and a run encodes its prompts once, before its rounds; their weights need a download.
@@ -258,7 +259,8 @@ def bench(args, counts: Counter) -> list[dict]:
                 aggregate = sum(1e3 / r["ms_per_step"] for r in runs)
                 seconds, inferred = project(counts, {row: c["run_seconds"] for row, c in costs.items()}, rows[0],
                                             aggregate / alone)
-                settings.append({"mode": mode, "jobs": k, "sets": args.set, "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
+                settings.append({"mode": mode, "jobs": k, "sets": args.set,
+                                 "ms_per_step": [round(r["ms_per_step"], 2) for r in runs],
                                  "aggregate_steps_per_s": aggregate, "speedup": aggregate / alone,
                                  "table_hours": seconds / 3600, "inferred_rows": len(inferred),
                                  "row_seconds": {row: round(c["run_seconds"], 1) for row, c in costs.items()}})
@@ -286,8 +288,7 @@ def print_settings(settings: list[dict], counts_total: int, device: str) -> None
         print(f"{s['mode']} mix of {s['jobs']}: per-run cost under that load (s) {s['row_seconds']}; rounds used "
               f"{s['rounds_used']}; {s['inferred_rows']} rows inferred at their mean; one at a time "
               f"{s['serial_hours']:.2f} h; on {s['jobs']} slots in table --jobs' order {s['table_hours']:.2f} h "
-              f"(longest first by these costs: {s['ideal_hours']:.2f} h)"
-)
+              f"(longest first by these costs: {s['ideal_hours']:.2f} h)")
     for s in settings:
         if "error" in s:
             print(f"{s['mode']:<8} FAILED: {s['error'].splitlines()[0]}")
@@ -339,7 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         from bench.perf.gpu_mix import reproject
 
         counts, _ = table_runs()
-        settings = reproject(args.reproject, counts)
+        try:
+            settings = reproject(args.reproject, counts)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"gpu-bench: cannot project {args.reproject} again ({type(err).__name__}: {err}); it must be a "
+                  "--json file of a --mix run", file=sys.stderr)
+            return 2
+        if not settings:
+            print(f"gpu-bench: {args.reproject} holds no --mix setting (only those keep their rounds)", file=sys.stderr)
+            return 2
         print_settings(settings, sum(counts.values()), f"the device of {args.reproject}")
         return 0
     import torch

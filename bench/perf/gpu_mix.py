@@ -1,7 +1,8 @@
 """`gpu_bench --mix K` (issue 42, item 6): what `table --jobs K` does, measured. K runs at once on one device,
 the i-th of row i, each printing its rounds as they end (``--stream``); all K are stopped together once each
 has ``--rounds`` - 1 rounds inside the window where every run was in its rounds, each row is costed from those
-rounds (bench.perf.gpu_bench.run_cost), and the table is projected as the longest runs first on K slots.
+rounds (bench.perf.gpu_bench.run_cost), and the table is projected as its runs started on K slots in ``table
+--jobs``' own order (and, beside it, longest first by the measured costs).
 ``--reproject FILE`` projects a saved setting again from its rounds (docs/gpu/*.jsonl)."""
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 def mix_setting(args, counts: Counter, rows: list[str], mode: str) -> dict:
     """``--mix K``: K runs at once, the i-th of row i (rows cycled); each row's cost from its rounds inside the
-    window where all K ran (``loaded_rounds``), and the table as the longest runs first on K slots. A row of the
+    window where all K ran (``loaded_rounds``), and the table projected by ``mix_projection``. A row of the
     table that did not run is costed at the mean of those that did (inferred)."""
     runs, stop = streamed(args, rows, mode, args.mix)
     return {**mix_projection(counts, runs, stop, mode, args.mix, jobs_order()), "sets": args.set}

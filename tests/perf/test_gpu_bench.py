@@ -155,7 +155,8 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
                                         (["--rows", "FedAvg,FedAvgg"], "no row ['FedAvgg']"),
                                         (["--mix", "-1"], "--mix takes K >= 1"),
                                         (["--set", "compil=true"], "--set compil: unknown option. Did you mean compile?"),
-                                        (["--set", "method.args.mu=1"], "--set method.args.mu: the rows' own options")])
+                                        (["--set", "method.args.mu=1"], "--set method.args.mu: the rows' own options"),
+                                        (["--reproject", "/nonexistent.jsonl"], "cannot project /nonexistent.jsonl")])
 def test_gpu_bench_refuses_bad_input_before_it_writes_or_runs_anything(argv, says, monkeypatch, capsys):
     from bench.perf import gpu_bench
 
