@@ -288,7 +288,8 @@ def test_gpu_bench_mix_runs_the_rows_at_once_and_stops_them_together(tmp_path, m
     assert setting["table_hours"] == pytest.approx(makespan(costs, 2, in_order=True) / 3600, rel=1e-3)
     assert setting["ideal_hours"] == pytest.approx(makespan(costs, 2) / 3600, rel=1e-3)  # (rounded row costs)
     assert "tf32 mix of 2: per-run cost under that load" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mix.jsonl"]
+    # the bench's folder and its runs' (libraries' own temporary files, as wandb's, are theirs to remove)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("fedbench-gpu-bench-", "gpu-bench-run-"))]
 
 
 def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypatch):
