@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.perf.gpu_bench import jobs_order, run_cost, schedule_rounds, set_args, table_runs
+from bench.scheduling.table_plan import makespan
 
 
 def loaded_rounds(runs: list[dict], stop: float) -> list[list[dict]]:
@@ -25,17 +26,6 @@ def loaded_rounds(runs: list[dict], stop: float) -> list[list[dict]]:
     start = max(r["rounds"][0]["end"] for r in runs)
     return [[h for h in r["rounds"][1:] if h["end"] - h["round_seconds"] >= start and h["end"] <= stop]
             for r in runs]
-
-
-def makespan(costs: list[float], slots: int, in_order: bool = False) -> float:
-    """When the last of ``costs`` ends, started longest first (``in_order``: in the given order) on ``slots``
-    workers, each taking the next run as it frees."""
-    import heapq
-
-    ends = [0.0] * max(1, slots)
-    for cost in (costs if in_order else sorted(costs, reverse=True)):
-        heapq.heapreplace(ends, ends[0] + cost)
-    return max(ends)
 
 
 class RoundStream:

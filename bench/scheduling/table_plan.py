@@ -95,11 +95,13 @@ def estimate(lines: list[PlanLine], recorded: dict[str, list[float]]) -> tuple[l
     return known, unknown
 
 
-def makespan(seconds: list[float], jobs: int) -> float:
+def makespan(seconds: list[float], jobs: int, in_order: bool = False) -> float:
     """The wall time of runs taking ``seconds`` on ``jobs`` workers that each take the longest run left
-    (as `table --jobs` schedules them), every run at its own speed: never less than the longest run."""
+    (as `table --jobs` schedules them), every run at its own speed: never less than the longest run.
+    ``in_order``: the workers take the runs in the given order instead (`table --jobs`' own order is by its
+    estimate of a run's work, which measured seconds need not follow: bench/perf/gpu_mix.py)."""
     workers = [0.0] * max(1, min(jobs, len(seconds)))
-    for s in sorted(seconds, reverse=True):
+    for s in (seconds if in_order else sorted(seconds, reverse=True)):
         heapq.heapreplace(workers, workers[0] + s)
     return max(workers)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.perf.gpu_bench import project, run_cost
-from bench.perf.gpu_mix import loaded_rounds, makespan, mix_projection, reproject
+from bench.perf.gpu_mix import loaded_rounds, mix_projection, reproject
+from bench.scheduling.table_plan import makespan
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "gpu"
 

@@ -269,7 +269,7 @@ def test_gpu_bench_mix_runs_the_rows_at_once_and_stops_them_together(tmp_path, m
     import tempfile
 
     from bench.perf.gpu_bench import jobs_order, main
-    from bench.perf.gpu_mix import makespan
+    from bench.scheduling.table_plan import makespan
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
