@@ -14,6 +14,9 @@ GPU idles most of a step. Measured on an NVIDIA H200 (16-core Xeon host, the Fed
 Kvasir-layout data, 3 rounds): one run alone 10.39 ms/step (96 steps/s), 4 concurrent runs 245 steps/s
 in all (2.5x), 8 concurrent 303 (3.2x), 4 concurrent under ``gpu_math: tf32`` 383 (4.0x).
 
+- ``--jobs auto`` (``auto_jobs``): one run per host core on GPUs, at most what their memory holds at
+  ``--job-memory`` a run and at most the runs to do; one on a CPU. With the table's own rows 16 at once on
+  the H200 above (16 cores, MPS), every core was busy and a FedAvg run's steps went at 7.1x its rate alone.
 - Longest runs first (``longest_first``): with K > 1 the runs start in decreasing ``run_cost`` (a pure
   function of the config; ties keep the plan order), so a long run does not start last and keep one
   worker busy alone at the end. One process (K = 1) keeps the plan order.
@@ -69,6 +72,25 @@ def table_devices(runs: list, flag: int | None, configured: int | str | None, jo
     widest = max(clients_per_round(r.cfg) for r in runs)
     ranks, threads, _ = auto_layout(runs[0].cfg, one_client=False, clients=widest)
     return ranks, threads
+
+
+def auto_jobs(cores: int, gpus: list[str], job_memory: float, runs: int, totals=None) -> tuple[int, str]:
+    """``--jobs auto``: how many runs at once, and why. On a CPU one (the run's ranks take the cores). On GPUs
+    one per core (the runs are host-bound: on an H200 with 16 cores, 16 of table2_kvasir's rows at once ran 7.1x
+    FedAvg's steps alone, every core busy; docs/gpu.md), at most what the GPUs' memory holds at ``job_memory``
+    GiB a run (``totals``: bytes per visible GPU; default: asked of torch) and at most ``runs``."""
+    if not gpus:
+        return 1, "on the CPU one run at a time, its ranks on the cores"
+    if totals is None:
+        import torch
+
+        totals = [torch.cuda.get_device_properties(i).total_memory for i in range(len(gpus))]
+    # job_gpus gives GPU i mod G to worker i: the smallest GPU bounds how many each may get
+    fits = len(gpus) * min(int(total // (job_memory * GIB)) for total in totals)
+    jobs = max(1, min(cores, fits, runs))
+    bound = min((cores, f"{cores} cores"), (fits, f"{fits} x {job_memory:g} GiB (--job-memory) in the GPUs' memory"),
+                (runs, f"{runs} runs"), key=lambda pair: pair[0])[1]
+    return jobs, f"one run per core on {len(gpus)} GPU(s), at most {bound}"
 
 
 def job_gpus(jobs: int, gpus: list[str]) -> list[str]:

@@ -290,9 +290,10 @@ def build_parser() -> CommandParser:
                              "by default a table is never replaced by a less complete one")
     parser.add_argument("--devices", type=int | None, default=None,
                         help="Fabric ranks (default: the config's, else auto: one 1-thread rank per core)")
-    parser.add_argument("--jobs", type=int, default=1,
+    parser.add_argument("--jobs", type=str | None, default=None,
                         help="runs at once, each on one rank with cores/jobs threads, longest first; on GPUs worker "
-                             "i uses GPU i mod (GPU count), so several may share one (bench/scheduling/table_jobs.py)")
+                             "i uses GPU i mod (GPU count), so several may share one (bench/scheduling/table_jobs.py). "
+                             "auto: one per core on GPUs (as many as their memory holds), one on a CPU")
     parser.add_argument("--job-memory", type=float, default=JOB_MEMORY_GIB,
                         help="GiB of GPU memory a --jobs run needs free before it starts (it waits for them; more "
                              "workers per GPU than its memory holds is refused). Peaks at 128 px, batch 8: FedAvg 1.8, "
@@ -343,6 +344,7 @@ def planned_table(config: str, sets: list[str] | None = None, seeds: str | None 
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.jobs = parse_jobs(args.jobs)  # first: --print_config shows the number (or auto)
     options = options_yaml(args) if args.print_config else None
     args.shard = parse_shard(args.shard)
     check_flag_combinations(args)
@@ -356,7 +358,7 @@ def main(argv: list[str]) -> int:
     if first_process():  # what it is about to do, before the training stack is imported (the checks import it)
         what = "rendering the table from their records" if args.render_only else "checking every run before any starts"
         print(f"{spec.heading}: {len(distinct_runs(runs))} runs planned from {args.config}; {what}"
-              + ("; CUDA MPS: on" if args.jobs > 1 and mps_on() else ""), flush=True)
+              + ("; CUDA MPS: on" if args.jobs != 1 and mps_on() else ""), flush=True)
     from bench.reporting.tables import render_table
 
     in_wandb = wandb_logged(runs, args.wandb_dir) if args.wandb else set()  # before anything is logged
@@ -483,6 +485,22 @@ def check_render_plan(runs: list[PlannedRun]) -> None:
     check_shared_records(runs)
 
 
+def parse_jobs(text: str | None) -> int | str:
+    """``--jobs K`` -> K >= 1, ``--jobs auto`` -> "auto" (resolved in check_plan, where the GPUs are known); 1
+    without the option."""
+    if text is None:
+        return 1
+    if str(text).strip() == "auto":
+        return "auto"
+    try:
+        jobs = int(str(text).strip())
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise FedbenchError(f"--jobs takes a whole number >= 1 (runs at once) or auto, got {text!r}.")
+    return jobs
+
+
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """``--shard I/N`` -> (I, N) with 1 <= I <= N; None without the option."""
     if text is None:
@@ -518,12 +536,17 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
     rows sharing a record, and the output folders, before any run starts. An invalid value given with
     --set is named as such: it is the same error in every row."""
     from bench.assembly.validation import check_writable, validate_config
-    from bench.assembly.workers import rank_threads, visible_gpus
-    from bench.scheduling.table_jobs import check_jobs, table_devices
+    from bench.assembly.workers import cpu_cores, rank_threads, visible_gpus
+    from bench.scheduling.table_jobs import auto_jobs, check_jobs, table_devices
     from lightning_modules.base import METHODS
 
-    check_jobs(args.jobs, getattr(args, "job_memory", JOB_MEMORY_GIB),
-               visible_gpus(runs[0].cfg.accelerator) if args.jobs > 1 and runs else [])
+    job_memory = getattr(args, "job_memory", JOB_MEMORY_GIB)
+    args.jobs = parse_jobs(args.jobs)  # as main reads it (a parser's args given directly: None, "2", "auto")
+    if args.jobs == "auto":
+        args.jobs, why = auto_jobs(cpu_cores(), visible_gpus(runs[0].cfg.accelerator) if runs else [], job_memory,
+                                   len(distinct_runs(runs)))
+        print(f"--jobs auto: {args.jobs} ({why})", flush=True)
+    check_jobs(args.jobs, job_memory, visible_gpus(runs[0].cfg.accelerator) if args.jobs > 1 and runs else [])
     devices, threads = table_devices(runs, args.devices, spec.devices, args.jobs)
     for r in runs:
         r.cfg.devices = devices

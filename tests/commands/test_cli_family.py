@@ -137,7 +137,7 @@ def test_table_rows_and_sets_take_the_same_forms_and_keep_labels_with_commas():
     (["run", "--fed.rounds", "abc"], "--fed.rounds: expected int, got 'abc'"),
     (["run", "--fed.rouns", "3"], "did you mean --fed.rounds?"),
     (["table", "--config", TABLE, "--seeds", "a"], "--seeds: expected int items, got 'a'"),
-    (["table", "--config", TABLE, "--jobs", "many"], "--jobs: expected int, got 'many'"),
+    (["table", "--config", TABLE, "--jobs", "many"], "--jobs takes a whole number >= 1 (runs at once) or auto, got 'many'"),
     (["regression", "--updte"], "did you mean --update?"),
     (["coverage", "--json", "maybe"], "--json"),
     (["dashboard", "--config", TABLE, "--entiti", "me"], "did you mean --entity?"),

@@ -108,3 +108,36 @@ def test_cuda_mps_is_reported_when_its_daemon_runs(tmp_path, monkeypatch, capsys
                            str(tmp_path / "runs"), "--tables-dir", str(tmp_path / "tables")])
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("table2 fashion-mnist: ") and first.endswith("; CUDA MPS: on")
+
+
+def test_jobs_auto_is_one_run_per_core_on_gpus_within_their_memory_and_one_on_a_cpu():
+    """--jobs auto: the setting measured best on the H200 (one run per host core: the runs are host-bound,
+    docs/gpu.md), capped by what the GPUs' memory holds at --job-memory per run (the same rule check_jobs
+    refuses by, round-robin placement) and by the runs to do; on a CPU one run (its ranks take the cores)."""
+    assert table_jobs.auto_jobs(16, [], 4.0, 111) == (1, "on the CPU one run at a time, its ranks on the cores")
+    assert table_jobs.auto_jobs(16, ["0"], 4.0, 111, totals=[139 * GIB]) == (
+        16, "one run per core on 1 GPU(s), at most 16 cores")
+    assert table_jobs.auto_jobs(16, ["0"], 4.0, 111, totals=[16 * GIB]) == (
+        4, "one run per core on 1 GPU(s), at most 4 x 4 GiB (--job-memory) in the GPUs' memory")
+    jobs, _ = table_jobs.auto_jobs(16, ["0", "1"], 4.0, 111, totals=[24 * GIB, 80 * GIB])
+    assert jobs == 12  # 6 per GPU: the smaller one's share
+    table_jobs.check_jobs(jobs, 4.0, ["0", "1"], totals=[24 * GIB, 80 * GIB])  # what auto picks is never refused
+    with pytest.raises(FedbenchError, match="does not fit"):
+        table_jobs.check_jobs(jobs + 1, 4.0, ["0", "1"], totals=[24 * GIB, 80 * GIB])
+    assert table_jobs.auto_jobs(16, ["0"], 4.0, 3, totals=[139 * GIB]) == (3, "one run per core on 1 GPU(s), at most 3 runs")
+    assert table_jobs.auto_jobs(16, ["0"], 200.0, 111, totals=[139 * GIB])[0] == 1  # none fits: one, check_jobs says why
+
+
+@pytest.mark.parametrize("given, says", [("many", "got 'many'"), ("0", "got '0'"), ("2.5", "got '2.5'")])
+def test_jobs_takes_a_whole_number_or_auto(given, says):
+    assert (table_runner.parse_jobs(None), table_runner.parse_jobs("3"), table_runner.parse_jobs("auto")) == (1, 3, "auto")
+    with pytest.raises(FedbenchError, match=f"--jobs takes a whole number >= 1 \\(runs at once\\) or auto, {says}"):
+        table_runner.parse_jobs(given)
+
+
+def test_jobs_auto_on_this_cpu_plans_one_run_at_a_time_and_says_so(tmp_path, capsys):
+    assert table_runner.main(["--config", TABLE, "--jobs", "auto", "--dry-run", "--output-dir", str(tmp_path / "runs"),
+                              "--tables-dir", str(tmp_path / "tables")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "--jobs auto: 1 (on the CPU one run at a time, its ranks on the cores)"
+    assert out[1].startswith("table2 fashion-mnist: 129 runs") and not (tmp_path / "runs").exists()
