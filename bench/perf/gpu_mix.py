@@ -40,7 +40,8 @@ class RoundStream:
     def round_done(self, round_idx: int) -> None:
         h = self.fed.history[-1]
         print(json.dumps({"round": round_idx, "round_seconds": h["round_seconds"], "train_seconds": h["train_seconds"],
-                          "eval_seconds": h.get("eval_seconds", 0.0), "samples_trained": h["samples_trained"], "end": time.time()}), flush=True)
+                          "eval_seconds": h.get("eval_seconds", 0.0), "samples_trained": h["samples_trained"],
+                          "end": time.time()}), flush=True)
 
 
 def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], float]:
@@ -143,8 +144,8 @@ def mix_projection(counts: Counter, runs: list[dict], stop: float, mode: str, k:
 
 def reproject(path: str, counts: Counter) -> list[dict]:
     """``--reproject FILE``: the mix settings of a --json file projected again from their saved streams (no
-    device needed). Each stream's rounds to go are taken from the table's config (``schedule_rounds``: streams
-    saved before 2026-11-29 counted a central run's rounds before they were multiplied by its local epochs),
+    device needed). Each stream's rounds to go are taken from the table's config (``schedule_rounds``: the streams
+    of docs/gpu/2026-11-28-*.jsonl counted a central run's rounds before they were multiplied by its local epochs),
     and a stream saved without its protocol gets its row's (the method's and the table's)."""
     from lightning_modules.base import METHODS
 

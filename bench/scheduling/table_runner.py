@@ -293,7 +293,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--jobs", type=str | None, default=None,
                         help="runs at once, each on one rank with cores/jobs threads, longest first; on GPUs worker "
                              "i uses GPU i mod (GPU count), so several may share one (bench/scheduling/table_jobs.py). "
-                             "auto: one per core on GPUs (as many as their memory holds), one on a CPU")
+                             "auto: one per core on GPUs (as many as their memory holds), one on a CPU (default: 1)")
     parser.add_argument("--job-memory", type=float, default=JOB_MEMORY_GIB,
                         help="GiB of GPU memory a --jobs run needs free before it starts (it waits for them; more "
                              "workers per GPU than its memory holds is refused). Peaks at 128 px, batch 8: FedAvg 1.8, "
