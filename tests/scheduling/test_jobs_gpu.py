@@ -135,7 +135,10 @@ def test_jobs_takes_a_whole_number_or_auto(given, says):
         table_runner.parse_jobs(given)
 
 
-def test_jobs_auto_on_this_cpu_plans_one_run_at_a_time_and_says_so(tmp_path, capsys):
+def test_jobs_auto_on_a_cpu_plans_one_run_at_a_time_and_says_so(tmp_path, monkeypatch, capsys):
+    from bench.assembly import workers
+
+    monkeypatch.setattr(workers, "visible_gpus", lambda accelerator: [])  # a CPU machine, also where a GPU is seen
     assert table_runner.main(["--config", TABLE, "--jobs", "auto", "--dry-run", "--output-dir", str(tmp_path / "runs"),
                               "--tables-dir", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out.splitlines()
