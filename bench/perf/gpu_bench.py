@@ -67,9 +67,10 @@ def distinct_table_runs() -> list:
     return distinct_runs(plan_runs(load_table_config(TABLE), output_dir="/tmp/none", check_records=False))
 
 
-def table_runs() -> tuple[Counter, dict]:
-    """The table's distinct runs counted per row label, and each row's first config (seed 0)."""
-    runs = distinct_table_runs()
+def table_runs(runs: list | None = None) -> tuple[Counter, dict]:
+    """The table's distinct runs (``runs``, default: planned here) counted per row label, and each row's first
+    config (seed 0)."""
+    runs = distinct_table_runs() if runs is None else runs
     configs: dict = {}
     for r in runs:
         if r.cfg.seed == 0:
@@ -77,12 +78,12 @@ def table_runs() -> tuple[Counter, dict]:
     return Counter(r.label for r in runs), configs
 
 
-def jobs_order() -> list[str]:
-    """The row label of each distinct run, in the order `table --jobs K` starts them (its own estimate of a
-    run's work, longest first: bench/scheduling/table_jobs.py)."""
+def jobs_order(runs: list | None = None) -> list[str]:
+    """The row label of each distinct run (``runs``, default: planned here), in the order `table --jobs K` starts
+    them (its own estimate of a run's work, longest first: bench/scheduling/table_jobs.py)."""
     from bench.scheduling.table_jobs import longest_first
 
-    return [r.label for r in longest_first(distinct_table_runs())]
+    return [r.label for r in longest_first(distinct_table_runs() if runs is None else runs)]
 
 
 def schedule_rounds(cfg) -> int:
@@ -135,7 +136,8 @@ def stand_in_text_towers() -> None:
             self.name, self.dim = name, dim
 
         def encode(self, texts: list[str]) -> torch.Tensor:
-            return torch.randn(len(texts), self.dim, generator=torch.Generator().manual_seed(len(texts)))
+            # on the CPU, as every TextEncoder returns its embeddings (the module moves them to its device)
+            return torch.randn(len(texts), self.dim, generator=torch.Generator().manual_seed(len(texts)), device="cpu")
 
     for name, spec in list(te.ENCODERS.items()):
         te.ENCODERS[name] = te.EncoderSpec(spec.dim, lambda _device, n=name, d=spec.dim: StandIn(n, d))
@@ -201,18 +203,21 @@ def apply_option_sets(cfg, sets: dict) -> None:
         setattr(target, last, value)
 
 
-def set_args(args) -> list[str]:
-    return [a for item in args.set for a in ("--set", item)]
+def child_run(args, row: str, mode: str, k: int, stream: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of one of K child runs of ``row`` under ``mode`` (``cores // K`` threads);
+    ``stream``: its whole schedule, its rounds printed as they end (bench/perf/gpu_mix.py), else ``--rounds``."""
+    threads = max(1, (os.cpu_count() or 1) // k)
+    cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--row", row, "--mode", mode,
+           "--root", args.root, "--size", str(args.size), "--device", args.device, "--threads", str(threads),
+           *(["--stream"] if stream else ["--rounds", str(args.rounds)]),
+           *[a for item in args.set for a in ("--set", item)],
+           *(["--max-test", str(args.max_test)] if args.max_test else []), *(["--tiny"] if args.tiny else [])]
+    return cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
 
 def measure(args, row: str, mode: str, k: int) -> list[dict]:
     """K child runs of ``row`` at once (each ``cores // K`` threads); their JSON results."""
-    threads = max(1, (os.cpu_count() or 1) // k)
-    cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", *set_args(args), "--row", row, "--mode", mode,
-           "--root", args.root, "--size", str(args.size), "--rounds", str(args.rounds), "--device", args.device,
-           "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
-               ["--tiny"] if args.tiny else [])
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    cmd, env = child_run(args, row, mode, k)
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(k)]
     out = []

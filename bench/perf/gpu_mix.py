@@ -7,16 +7,21 @@ rounds (bench.perf.gpu_bench.run_cost), and the table is projected as its runs s
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from bench.perf.gpu_bench import jobs_order, run_cost, schedule_rounds, set_args, table_runs
+from bench.perf.gpu_bench import (
+    child_run,
+    distinct_table_runs,
+    jobs_order,
+    run_cost,
+    schedule_rounds,
+    table_runs,
+)
 from bench.scheduling.table_plan import makespan
 
 
@@ -45,14 +50,11 @@ class RoundStream:
 
 
 def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], float]:
-    """K streamed runs at once, the i-th of row i (rows cycled), each ``cores // K`` threads, stopped together
+    """K streamed runs at once, the i-th of row i (rows cycled; ``child_run``), stopped together
     once each has ``--rounds`` - 1 rounds after the window's start (``loaded_rounds``); their streams (up to the
     stop) and the stop time. A run that fails stops the others, and its stderr is the error."""
     import contextlib
     import threading
-
-    threads = max(1, (os.cpu_count() or 1) // k)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
     def read(proc, run: dict) -> None:
         for line in proc.stdout:
@@ -64,10 +66,7 @@ def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], floa
         runs, procs, logs = [], [], []
         for i in range(k):
             row = rows[i % len(rows)]
-            cmd = [sys.executable, "-m", "bench.perf.gpu_bench", "--one-run", "--stream", *set_args(args), "--row",
-                   row, "--mode", mode, "--root", args.root, "--size", str(args.size), "--device", args.device,
-                   "--threads", str(threads)] + (["--max-test", str(args.max_test)] if args.max_test else []) + (
-                       ["--tiny"] if args.tiny else [])
+            cmd, env = child_run(args, row, mode, k, stream=True)
             logs.append(stack.enter_context(tempfile.TemporaryFile("w+")))
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logs[-1], text=True, env=env))
             runs.append({"row": row, "rounds": []})
@@ -149,7 +148,9 @@ def reproject(path: str, counts: Counter) -> list[dict]:
     and a stream saved without its protocol gets its row's (the method's and the table's)."""
     from lightning_modules.base import METHODS
 
-    _, configs = table_runs()
+    runs = distinct_table_runs()  # planned once: the configs and table --jobs' order come from it
+    _, configs = table_runs(runs)
+    order = jobs_order(runs)
     settings = []
     for line in Path(path).read_text().splitlines():
         saved = json.loads(line)
@@ -161,6 +162,5 @@ def reproject(path: str, counts: Counter) -> list[dict]:
             if "protocol" not in run:
                 cls = METHODS.get(cfg.method.name)
                 run["protocol"] = cfg.scored_protocol(cls.protocol, cls.runs_centrally)
-        settings.append(mix_projection(counts, saved["streams"], saved["stopped"], saved["mode"], saved["jobs"],
-                                       jobs_order()))
+        settings.append(mix_projection(counts, saved["streams"], saved["stopped"], saved["mode"], saved["jobs"], order))
     return settings

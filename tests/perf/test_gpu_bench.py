@@ -136,6 +136,9 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
     """One of K streamed runs fails: the others (here one that would run a minute) are killed, and the
     failure's own stderr is the error."""
     import argparse
+    import signal
+    import subprocess
+    import sys
     import time
 
     from bench.perf import gpu_mix
@@ -144,11 +147,21 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
     child.write_text("#!/bin/sh\ncase \"$*\" in *MOON*) echo '{\"row\": \"MOON\"}'; exec sleep 60;; "
                      "*) echo 'CUDA error: out of memory' >&2; exit 1;; esac\n")
     child.chmod(0o755)
-    monkeypatch.setattr(gpu_mix.sys, "executable", str(child))
+    monkeypatch.setattr(sys, "executable", str(child))
+    started_procs = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            started_procs.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
     args = argparse.Namespace(root=str(tmp_path), size=16, device="cpu", max_test=None, tiny=False, rounds=3, set=[])
     started = time.perf_counter()
     with pytest.raises(SystemExit, match="FedAvg under tf32 failed:\nCUDA error: out of memory"):
         gpu_mix.streamed(args, ["MOON", "FedAvg"], "tf32", 2)
+    # the running one was ended by its Ctrl-C (not waited for, not killed after the grace)
+    assert [p.returncode for p in started_procs] == [-signal.SIGINT, 1]
     assert time.perf_counter() - started < 8  # not the 60 s run, nor the 10 s wait for one that ignores Ctrl-C
 
 
@@ -172,10 +185,14 @@ def test_gpu_bench_set_gives_every_measured_run_a_run_option_as_table_set_reads_
     import argparse
 
     from bench.assembly.config import RunConfig
-    from bench.perf.gpu_bench import apply_option_sets, checked_option_sets, set_args
+    from bench.perf.gpu_bench import apply_option_sets, checked_option_sets, child_run
 
     cfg = RunConfig()
     apply_option_sets(cfg, checked_option_sets(["compile=true", "fed.rounds=3", "channels_last=yes"]))
     assert (cfg.compile, cfg.fed.rounds, cfg.channels_last) == (True, 3, True)
-    assert set_args(argparse.Namespace(set=["compile=true", "fed.rounds=3"])) == [
-        "--set", "compile=true", "--set", "fed.rounds=3"]
+    args = argparse.Namespace(root="/data", size=16, device="cpu", max_test=None, tiny=False, rounds=3,
+                              set=["compile=true", "fed.rounds=3"])
+    for stream in (False, True):  # the alone/K children and the mix's alike
+        cmd, _ = child_run(args, "FedAvg", "tf32", 2, stream=stream)
+        sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+        assert sets == ["compile=true", "fed.rounds=3"] and ("--stream" in cmd) is stream
