@@ -24,9 +24,13 @@ The names:
 - torchmetrics' optional-dependency flags ``torchmetrics.utilities.imports._TORCHVISION_AVAILABLE`` and the
   others in ``TORCHMETRICS_EXTRAS``: set False in fedbench's own processes (``skip_torchmetrics_extras``), so
   that importing Lightning, which imports torchmetrics, does not also import torchvision and transformers for
-  image and text metrics fedbench never computes (issue 41: about 2 s of every process's start). Unlike the
-  names above this one degrades instead of failing: with another torchmetrics major version, or a flag gone,
-  the imports are only slower (tests/core/test_compat.py says when a flag is gone).
+  image and text metrics fedbench never computes (issue 41: about 2 s of every process's start), nor
+  matplotlib (its ``Metric.plot``) and regex (SacreBLEU's tokenizer). torchmetrics' own package also imports
+  scipy.signal whenever scipy is installed (a patch for its audio metrics; scipy.signal brings scipy.stats:
+  about 0.9 s): while that one module runs, lightning_utilities' public ``package_available`` answers "no" for
+  the names in ``TORCHMETRICS_TOP_SKIPS``. Unlike the names above this one degrades instead of failing: with
+  another torchmetrics major version, or a flag gone, the imports are only slower (tests/core/test_compat.py
+  says when a flag is gone or the package's own import of scipy changed).
 """
 from __future__ import annotations
 
@@ -59,7 +63,10 @@ FIX = "install the tested versions (pip install -r requirements.lock)"
 # text: transformers; audio and signal helpers: scipy); tested with torchmetrics 1.x (requirements.lock)
 TORCHMETRICS_MODULE = "torchmetrics.utilities.imports"
 TORCHMETRICS_EXTRAS = ("_TORCHVISION_AVAILABLE", "_TRANSFORMERS_AVAILABLE", "_TRANSFORMERS_GREATER_EQUAL_4_4",
-                       "_SCIPY_AVAILABLE", "_SCIPY_GREATER_EQUAL_1_8", "_SCIPI_AVAILABLE")
+                       "_SCIPY_AVAILABLE", "_SCIPY_GREATER_EQUAL_1_8", "_SCIPI_AVAILABLE", "_MATPLOTLIB_AVAILABLE",
+                       "_REGEX_AVAILABLE")
+TORCHMETRICS_PACKAGE = "torchmetrics"
+TORCHMETRICS_TOP_SKIPS = ("scipy",)  # what torchmetrics/__init__.py imports if package_available says so
 TORCHMETRICS_TESTED_MAJOR = 1
 
 
@@ -167,26 +174,44 @@ def rank_watcher_launcher() -> Callable[[list[subprocess.Popen]], None]:
 
 
 class _TorchmetricsExtrasOff(importlib.abc.MetaPathFinder):
-    """Finds ``torchmetrics.utilities.imports`` once, as Python would, and sets its extras' flags False right
-    after the module runs (before any other torchmetrics module reads them)."""
+    """Finds ``torchmetrics`` and then ``torchmetrics.utilities.imports`` once each, as Python would, and runs
+    the package without its import of scipy (``_run_without_top_skips``) and the flags module with its extras'
+    flags set False right after it runs (before any other torchmetrics module reads them)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != TORCHMETRICS_MODULE:
+        if name not in (TORCHMETRICS_PACKAGE, TORCHMETRICS_MODULE):
             return None
-        sys.meta_path.remove(self)
+        if name == TORCHMETRICS_MODULE:  # the package's first import of its own: this finder's last
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            for flag in TORCHMETRICS_EXTRAS:
-                if hasattr(module, flag):
-                    setattr(module, flag, False)
-
-        spec.loader.exec_module = exec_module
+        wrap = _run_without_top_skips if name == TORCHMETRICS_PACKAGE else _run_with_extras_off
+        spec.loader.exec_module = functools.partial(wrap, spec.loader.exec_module)
         return spec
+
+
+def _run_with_extras_off(run: Callable[[Any], None], module: Any) -> None:
+    run(module)
+    for flag in TORCHMETRICS_EXTRAS:
+        if hasattr(module, flag):
+            setattr(module, flag, False)
+
+
+def _run_without_top_skips(run: Callable[[Any], None], module: Any) -> None:
+    """Runs torchmetrics' package with lightning_utilities' ``package_available`` answering False for
+    ``TORCHMETRICS_TOP_SKIPS`` meanwhile (the package binds the name at its top; it is rebound to the real one
+    after)."""
+    from lightning_utilities.core import imports
+
+    real = imports.package_available
+    imports.package_available = lambda name: name not in TORCHMETRICS_TOP_SKIPS and real(name)
+    try:
+        run(module)
+    finally:
+        imports.package_available = real
+        if hasattr(module, "package_available"):
+            module.package_available = real
 
 
 def skip_torchmetrics_extras() -> None:

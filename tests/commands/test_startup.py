@@ -183,8 +183,9 @@ def test_a_normal_exit_skips_the_final_collection_and_keeps_its_output(tmp_path)
 def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(tmp_path):
     """The gc.freeze exit of a real 1-round run: its record, CSV log and TensorBoard events are complete (the
     loggers were finalized and the files closed before the exit). The run imports neither torchvision nor
-    transformers: Lightning's import of torchmetrics skips its image and text extras (bench/core/compat.py
-    skip_torchmetrics_extras), which a simple-CNN run never uses."""
+    transformers, nor scipy, regex or matplotlib's pyplot: Lightning's import of torchmetrics skips its image,
+    text and audio extras and its plotting (bench/core/compat.py skip_torchmetrics_extras), which a simple-CNN
+    run never uses (the partition plot's own matplotlib import uses no pyplot)."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "bench.cli", "run", "--config", QUICK, "--fed.rounds", "1",
                            "--devices", "1", "--tensorboard", "--progress", "false", "--output-dir", str(tmp_path)],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
@@ -203,7 +204,8 @@ def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(
     assert all(tag.encode() in events for tag in ("val/accuracy", "test/accuracy", "train/loss"))
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert {"torch", "lightning", "torchmetrics.functional"} <= imported  # the profile is the run's own imports
-    assert not imported & {"torchvision", "transformers"}, sorted(imported & {"torchvision", "transformers"})
+    skipped = {"torchvision", "transformers", "scipy", "regex", "matplotlib.pyplot"}
+    assert not imported & skipped, sorted(imported & skipped)
 
 
 def test_startup_cpu_is_a_fraction_of_importing_torch():

@@ -5,7 +5,10 @@ against the tested ones, which pyproject.toml bounds and requirements.lock pins.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -143,6 +146,38 @@ def test_every_torchmetrics_extra_flag_skipped_is_one_torchmetrics_defines():
     defined = {t.id for node in ast.parse(source.read_text()).body if isinstance(node, ast.Assign | ast.AnnAssign)
                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
     assert set(compat.TORCHMETRICS_EXTRAS) <= defined, sorted(set(compat.TORCHMETRICS_EXTRAS) - defined)
+
+
+def test_torchmetrics_package_still_imports_the_skipped_top_names_only_if_package_available_says_so():
+    """skip_torchmetrics_extras keeps scipy out of torchmetrics' own package by answering lightning_utilities'
+    package_available("scipy") with False while it runs: this says when the package stops asking that way (the
+    skip would then do nothing and the import be ~0.9 s slower again)."""
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("torchmetrics").origin).read_text()
+    asked = {node.args[0].value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "package_available" and node.args
+             and isinstance(node.args[0], ast.Constant)}
+    assert set(compat.TORCHMETRICS_TOP_SKIPS) <= asked, sorted(set(compat.TORCHMETRICS_TOP_SKIPS) - asked)
+    assert "from lightning_utilities.core.imports import package_available" in source
+
+
+def test_the_scipy_skip_answers_only_while_torchmetrics_package_runs(tmp_path):
+    """In a process of its own: with the extras skipped, importing Lightning leaves scipy unimported, and
+    afterwards package_available answers as before (True for an installed scipy: the skip lasted only while
+    torchmetrics' package ran) and torchmetrics' own binding is the real function again."""
+    script = (
+        "import sys\n"
+        "from bench.core.compat import skip_torchmetrics_extras\n"
+        "skip_torchmetrics_extras()\n"
+        "import lightning, torchmetrics\n"
+        "import lightning_utilities.core.imports as imports\n"
+        "print(sorted(m for m in ('scipy', 'regex', 'matplotlib.pyplot') if m in sys.modules),"
+        " imports.package_available('scipy'), torchmetrics.package_available is imports.package_available)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[]", "True", "True"], proc.stdout
 
 
 def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
