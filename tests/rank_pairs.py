@@ -3,8 +3,9 @@
 Each check names a case registered here (overrides of the tiny digits config of tests/conftest.py, built
 from a shared folder where the case's data lives). The session fixture ``two_rank_runs`` (tests/conftest.py)
 runs every case's 2-rank side once per `make test` (once for both pytest-xdist workers, under a file lock):
-one Fabric launch per precision (a Fabric's precision plugin is fixed at launch), every case run in it one
-after the other, as `fedbench table` does with its rows. Each test then runs its case's 1-rank side in its
+one Fabric launch, every case run in it one after the other, as `fedbench table` does with its rows. A
+Fabric's precision plugin is fixed when it is made, so the launched ranks make one Fabric per precision on the
+process group of the first (the ranks exist by then: the later Fabrics start none). Each test then runs its case's 1-rank side in its
 own process (no launch: in process, as before) and compares. A case changes no option of its check: the
 configurations are those the tests used to launch one 2-rank subprocess each for.
 
@@ -147,40 +148,43 @@ _all_methods_cases()
 
 # ---- the shared launch --------------------------------------------------------------------------------
 def launch_two_ranks(root: Path) -> dict[str, Path]:
-    """Every case's 2-rank run, one launch per precision; returns case -> its record path (the .json; the
-    final state is the .pt beside it). A sitecustomize hook counts the ranks Fabric's launcher started
-    (the positive control of tests/assembly/test_bad_files.py's "no rank was started")."""
+    """Every case's 2-rank run in one launch; returns case -> its record path (the .json; the final state is
+    the .pt beside it). A sitecustomize hook counts the ranks Fabric's launcher started (the positive control of
+    tests/assembly/test_bad_files.py's "no rank was started")."""
     from conftest import rank_marking_env
 
     from bench.assembly.records import record_path
 
     cfgs = {name: case_cfg(name, root, devices=2) for name in CASES}
-    by_precision: dict[str, list[dict]] = {}
-    for cfg in cfgs.values():
-        by_precision.setdefault(cfg.precision, []).append(cfg.to_dict())
     env, marks = rank_marking_env(root)
     env["OMP_NUM_THREADS"] = "1"
-    for precision, group in by_precision.items():
-        spec = root / f"cases-{precision}.json"
-        spec.write_text(json.dumps(group))
-        done = subprocess.run([sys.executable, __file__, str(spec)], cwd=REPO, env=env, capture_output=True,
-                              text=True, check=False, timeout=3600)
-        assert done.returncode == 0, f"2-rank launch ({precision}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    spec = root / "cases.json"
+    spec.write_text(json.dumps([cfg.to_dict() for cfg in cfgs.values()]))
+    done = subprocess.run([sys.executable, __file__, str(spec)], cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False, timeout=3600)
+    assert done.returncode == 0, f"the 2-rank launch failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     started = sorted(p.name.split("-")[0] for p in marks.iterdir())
-    assert started == ["rank1"] * len(by_precision), started  # one rank 1 per launch, seen by the hook
+    assert started == ["rank1"], started  # one rank 1 for the whole launch, seen by the hook
     return {name: record_path(cfg.output_dir, cfg.experiment, cfg.run_name()) for name, cfg in cfgs.items()}
 
 
 def run_cases(path: str) -> int:
-    """The launched program: every config of ``path`` on one Fabric (made from the first, launched once)."""
+    """The launched program: every config of ``path``, grouped by precision, on one launch: the first group's
+    Fabric launches the ranks, each later group's Fabric (its own precision plugin) joins the same ranks."""
     from bench.assembly.config import from_dict
     from bench.assembly.experiment import launch, make_fabric, run_experiment, wait_for_launched_ranks
 
-    cfgs = [from_dict(d) for d in json.loads(Path(path).read_text())]
-    fabric = launch(make_fabric(cfgs[0]))
-    for cfg in cfgs:
-        run_experiment(cfg, fabric)
-    wait_for_launched_ranks(fabric)
+    groups: dict[str, list] = {}
+    for cfg in (from_dict(d) for d in json.loads(Path(path).read_text())):
+        groups.setdefault(cfg.precision, []).append(cfg)
+    launched = None
+    for cfgs in groups.values():
+        fabric = launch(make_fabric(cfgs[0]))
+        launched = launched or fabric
+        assert fabric.world_size == 2, fabric.world_size
+        for cfg in cfgs:
+            run_experiment(cfg, fabric)
+    wait_for_launched_ranks(launched)
     return 0
 
 
