@@ -39,7 +39,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from bench.assembly.config import OPTION_GROUPS, TOP_LEVEL_KEYS, RunConfig
 from bench.assembly.ports import launcher_pid
 from bench.core.allocator import apply_allocator_policy
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from bench.tables.flags import CommandParser, config_kind
@@ -153,7 +153,7 @@ PYTHON_SHOW = warnings.showwarning
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    skip_torchmetrics_extras()  # before Lightning imports torchmetrics: ~2 s less per process (bench/core/compat.py)
+    skip_unused_imports()  # before Lightning imports torchmetrics, timm wandb: ~2.5 s less per process (bench/core/compat.py)
     apply_allocator_policy()  # before torch allocates anything (bench/core/allocator.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning

@@ -20,9 +20,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 
-skip_torchmetrics_extras()  # tests import Lightning as fedbench's processes do (bench/cli.py main)
+skip_unused_imports()  # tests import Lightning and timm as fedbench's processes do (bench/cli.py main)
 
 import pytest
 import torch

@@ -31,6 +31,10 @@ The names:
   the names in ``TORCHMETRICS_TOP_SKIPS``. Unlike the names above this one degrades instead of failing: with
   another torchmetrics major version, or a flag gone, the imports are only slower (tests/core/test_compat.py
   says when a flag is gone or the package's own import of scipy changed).
+- timm's package imports ``timm.utils.summary``, which tries ``import wandb`` for an option fedbench never
+  passes (about 0.5 s of every process that builds a timm or CLIP backbone): while timm's package runs, an
+  import of the names in ``TIMM_SKIPS`` not yet done fails as if they were not installed (timm catches it).
+  wandb imported before (W&B tracking) or after is the real one. ``skip_unused_imports`` does both skips.
 """
 from __future__ import annotations
 
@@ -67,6 +71,8 @@ TORCHMETRICS_EXTRAS = ("_TORCHVISION_AVAILABLE", "_TRANSFORMERS_AVAILABLE", "_TR
                        "_REGEX_AVAILABLE")
 TORCHMETRICS_PACKAGE = "torchmetrics"
 TORCHMETRICS_TOP_SKIPS = ("scipy",)  # what torchmetrics/__init__.py imports if package_available says so
+TIMM_PACKAGE = "timm"
+TIMM_SKIPS = ("wandb",)  # what timm's package imports in a try (timm/utils/summary.py) and fedbench never uses
 TORCHMETRICS_TESTED_MAJOR = 1
 
 
@@ -226,3 +232,52 @@ def skip_torchmetrics_extras() -> None:
     except (PackageNotFoundError, ValueError):
         return
     sys.meta_path.insert(0, _TorchmetricsExtrasOff())
+
+
+class _Absent(importlib.abc.MetaPathFinder):
+    """Fails the import of ``names`` (and their submodules) as if they were not installed."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r} (skipped while timm imports)", name=name)
+        return None
+
+
+class _TimmWithoutSkips(importlib.abc.MetaPathFinder):
+    """Finds ``timm`` once, as Python would, and runs its package with ``TIMM_SKIPS`` absent meanwhile."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != TIMM_PACKAGE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader.exec_module = functools.partial(_run_with_absent, TIMM_SKIPS, spec.loader.exec_module)
+        return spec
+
+
+def _run_with_absent(names: tuple[str, ...], run: Callable[[Any], None], module: Any) -> None:
+    absent = _Absent(names)
+    sys.meta_path.insert(0, absent)
+    try:
+        run(module)
+    finally:
+        sys.meta_path.remove(absent)
+
+
+def skip_timm_wandb() -> None:
+    """In this process, timm's import does not import wandb (see the module's docstring). A no-op once timm is
+    imported or when already done."""
+    if TIMM_PACKAGE in sys.modules or any(isinstance(f, _TimmWithoutSkips) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _TimmWithoutSkips())
+
+
+def skip_unused_imports() -> None:
+    """What every fedbench process calls first: ``skip_torchmetrics_extras`` and ``skip_timm_wandb``."""
+    skip_torchmetrics_extras()
+    skip_timm_wandb()

@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 
 KVASIR_IMAGES = 8000  # Kvasir-v2: 8 classes of 1,000 images
 TABLE = "configs/tables/table2_kvasir.yaml"
@@ -338,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.one_run:
-        skip_torchmetrics_extras()  # a run's process, as `fedbench run`'s (bench/cli.py main)
+        skip_unused_imports()  # a run's process, as `fedbench run`'s (bench/cli.py main)
         one_run(args)
         return 0
     if args.reproject:

@@ -24,7 +24,7 @@ import sys
 import time
 
 from bench.core.allocator import allocator_status, apply_allocator_policy
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 
 
 def rusage() -> dict[str, float]:
@@ -202,7 +202,7 @@ def probe_device(choice: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    skip_torchmetrics_extras()  # as every fedbench process (bench/cli.py main): imports only, no loop changes
+    skip_unused_imports()  # as every fedbench process (bench/cli.py main): imports only, no loop changes
     apply_allocator_policy()  # first: as in every fedbench process (FEDBENCH_ALLOCATOR=system opts out)
     print(json.dumps(measure(parser().parse_args(argv))))
     return 0

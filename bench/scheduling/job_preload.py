@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 from bench.core.lifetime import die_with_parent, parent_of
 
 TABLE = os.getppid()  # the forkserver's parent: the table's process
@@ -29,7 +29,7 @@ TABLE = os.getppid()  # the forkserver's parent: the table's process
 # SIGTERM when the forkserver goes: table_jobs._start_worker). multiprocessing's own rule ends a forkserver
 # only once every process it forked has closed its end of a pipe, and a worker busy in a run never does.
 die_with_parent(parent=TABLE)
-skip_torchmetrics_extras()
+skip_unused_imports()
 
 import bench.assembly.experiment
 import bench.tracking.wandb_logger  # noqa: F401

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from bench.assembly.config import RunConfig, from_dict
 from bench.assembly.workers import auto_layout, clients_per_round, cpu_cores, launchable, visible_gpus
-from bench.core.compat import skip_torchmetrics_extras
+from bench.core.compat import skip_unused_imports
 from bench.core.errors import FedbenchError
 from bench.core.lifetime import Interrupted, die_with_ancestor, die_with_parent
 
@@ -128,7 +128,7 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
     gpu = claim_gpu(gpus, slot)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    skip_torchmetrics_extras()  # as the command's own process does (bench/cli.py main)
+    skip_unused_imports()  # as the command's own process does (bench/cli.py main)
     import torch
 
     from bench.core.allocator import apply_allocator_policy

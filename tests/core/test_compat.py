@@ -180,6 +180,37 @@ def test_the_scipy_skip_answers_only_while_torchmetrics_package_runs(tmp_path):
     assert proc.stdout.split() == ["[]", "True", "True"], proc.stdout
 
 
+def test_timm_still_imports_the_skipped_names_only_in_a_try():
+    """skip_timm_wandb makes timm's ``import wandb`` fail as if wandb were absent: safe only while timm catches
+    that ImportError. This says when timm's summary module stops doing so (the skip would break its import)."""
+    import importlib.util
+
+    source = (Path(importlib.util.find_spec(compat.TIMM_PACKAGE).submodule_search_locations[0]) / "utils"
+              / "summary.py").read_text()
+    guarded = {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Try)
+               and any(getattr(h.type, "id", None) in ("ImportError", "ModuleNotFoundError") for h in node.handlers)
+               for stmt in node.body if isinstance(stmt, ast.Import) for alias in stmt.names}
+    assert set(compat.TIMM_SKIPS) <= guarded, sorted(set(compat.TIMM_SKIPS) - guarded)
+
+
+def test_timm_and_open_clip_build_without_wandb_which_stays_importable_after(tmp_path):
+    """In a process of its own: with the skips on, timm and open_clip import and build their models without
+    importing wandb, and wandb imports after (the skip lasted only while timm's package ran)."""
+    script = (
+        "import sys\n"
+        "from bench.core.compat import skip_unused_imports\n"
+        "skip_unused_imports()\n"
+        "import timm, open_clip\n"
+        "net = timm.create_model('resnet18', pretrained=False, num_classes=0)\n"
+        "print('wandb' in sys.modules, net.num_features, end=' ')\n"
+        "import wandb\n"
+        "print(wandb.__name__, not any(type(f).__name__ in ('_Absent', '_TimmWithoutSkips') for f in sys.meta_path))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "512", "wandb", "True"], proc.stdout
+
+
 def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
     """In this pytest process conftest skipped the extras before Lightning came in: the flags read False, and
     the one torchmetrics function fedbench calls (multiclass_auroc, bench/engine/metrics.py) gives its hand-computed
