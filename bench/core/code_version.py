@@ -14,7 +14,9 @@ repository) of
 - the partition scheme: the module registering ``partition.scheme``.
 
 Each module counts by its name and its normalised syntax tree: comments, docstrings and other bare
-strings, line numbers and layout do not count. So a docstring edit changes no version, an edit to
+strings, line numbers and layout do not count. What is read of a module's source (imports, registrations,
+normalised digest) is kept by content under ``$FEDBENCH_CACHE/code-parse`` (``source_facts``): a process
+parses only the modules it has not seen, not all of them (0.8-1.0 s of every run's start). So a docstring edit changes no version, an edit to
 FedRS's loss changes the version of FedRS's runs only, and an edit to the round engine changes every
 run's. ``bench/tables``, ``bench/reporting``, ``bench/tracking``, ``bench/scheduling``, ``bench/commands``,
 ``bench/perf`` and ``bench/cli.py`` sit above the engine (tests/core/test_layering.py) and are outside every
@@ -53,7 +55,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.core.paths import REPO_ROOT
+from bench.core.atomic_io import claim_json
+from bench.core.errors import FedbenchError
+from bench.core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 
 # the round engine's root module; a tree from before bench/'s modules moved into layer packages (bench.engine,
 # bench.assembly) has it as bench.experiment (declare-same reads such trees)
@@ -66,6 +70,9 @@ IDENTITY_MODULES = frozenset({"bench.core.code_version", "bench.code_version"})
 REGISTRIES = {"method": ("lightning_modules", "METHODS"), "data": ("datamodules", "DATASETS"),
               "partition": ("datamodules/partitions", "PARTITION_SCHEMES")}
 LEGACY_FILE = Path(__file__).with_name("legacy_code_versions.json")
+# what source_facts keeps per module content; the Python version is in the name (its parser makes the trees)
+PARSE_CACHE_FORMAT = 1
+PARSE_CACHE = Path(DEFAULT_CACHE_DIR) / "code-parse" / f"py{sys.version_info[0]}.{sys.version_info[1]}-{PARSE_CACHE_FORMAT}"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -90,20 +97,19 @@ def imported_modules(path: Path, module: str) -> set[str]:
     return set(imports_in(path.read_bytes(), package))
 
 
-@functools.cache
 def imports_in(source: bytes, package: str) -> frozenset[str]:
     """The modules a source imports (see imported_modules), relative imports resolved from ``package``."""
     out: set[str] = set()
-    for node in ast.walk(syntax_tree(source)):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([node.module] if node.module else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)
+    for kind, module, level, names in source_facts(source)["imports"]:
+        if kind == "import":
+            out.update(names)
+            continue
+        base = module
+        if level:
+            parent = package.split(".")[: len(package.split(".")) - level + 1]
+            base = ".".join(parent + ([module] if module else []))
+        out.add(base)
+        out.update(f"{base}.{name}" for name in names)
     return frozenset(out)
 
 
@@ -144,15 +150,8 @@ def registered_names(path: Path, registry: str) -> list[str]:
     return list(names_registered(path.read_bytes(), registry))
 
 
-@functools.cache
 def names_registered(source: bytes, registry: str) -> tuple[str, ...]:
-    out = []
-    for node in ast.walk(syntax_tree(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register" \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == registry \
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-            out.append(node.args[0].value)
-    return tuple(out)
+    return tuple(name for reg, name in source_facts(source)["registers"] if reg == registry)
 
 
 def registrations(root: Path) -> dict[str, dict[str, Path]]:
@@ -163,12 +162,6 @@ def registrations(root: Path) -> dict[str, dict[str, Path]]:
         out[kind] = {name: path for path in sorted((root / folder).glob("[!_]*.py"))
                      for name in registered_names(path, registry)}
     return out
-
-
-@functools.cache
-def syntax_tree(source: bytes) -> ast.Module:
-    """A module's syntax tree, parsed once per content (never mutated)."""
-    return ast.parse(source)
 
 
 def bare_string(node: Any) -> bool:
@@ -189,10 +182,49 @@ def canonical(node: Any) -> str:
     return repr(node)
 
 
-@functools.cache
 def normalised_digest(source: bytes) -> str:
     """The SHA-1 of a module's source with comments, docstrings and layout taken out."""
-    return hashlib.sha1(canonical(syntax_tree(source)).encode()).hexdigest()
+    return source_facts(source)["digest"]
+
+
+def parse_facts(source: bytes) -> dict[str, Any]:
+    """What the identity reads of a module's source, from its syntax tree: its import statements (["import",
+    "", 0, names] or ["from", module, level, names]), the ``REGISTRY.register("name")`` calls ([registry, name]),
+    both in ``ast.walk`` order, and the normalised digest."""
+    tree, imports, registers = ast.parse(source), [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports.append(["import", "", 0, [alias.name for alias in node.names]])
+        elif isinstance(node, ast.ImportFrom):
+            imports.append(["from", node.module or "", node.level, [alias.name for alias in node.names]])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register" \
+                and isinstance(node.func.value, ast.Name) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            registers.append([node.func.value.id, node.args[0].value])
+    return {"imports": imports, "registers": registers,
+            "digest": hashlib.sha1(canonical(tree).encode()).hexdigest()}
+
+
+@functools.cache
+def source_facts(source: bytes) -> dict[str, Any]:
+    """``parse_facts`` of a source, parsed once per content: kept in ``PARSE_CACHE`` under the content's
+    SHA-256 (written once, whole or not at all), so that a later process reads 188 small files instead of
+    parsing every module of the tree (0.8-1.0 s of every run's start). A missing, unreadable or foreign entry
+    is parsed again; a cache folder that cannot be written only costs the parse."""
+    key = hashlib.sha256(source).hexdigest()
+    path = PARSE_CACHE / f"{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("sha256") == key and {"imports", "registers", "digest"} <= cached.keys():
+            return cached
+    except (OSError, ValueError, AttributeError):
+        pass
+    facts = {"sha256": key, **parse_facts(source)}
+    try:
+        claim_json(path, facts)
+    except (OSError, FedbenchError):
+        pass
+    return facts
 
 
 def part_hash(files: set[Path], root: Path) -> str:
