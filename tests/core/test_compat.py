@@ -162,24 +162,6 @@ def test_torchmetrics_package_still_imports_the_skipped_top_names_only_if_packag
     assert "from lightning_utilities.core.imports import package_available" in source
 
 
-def test_the_scipy_skip_answers_only_while_torchmetrics_package_runs(tmp_path):
-    """In a process of its own: with the extras skipped, importing Lightning leaves scipy unimported, and
-    afterwards package_available answers as before (True for an installed scipy: the skip lasted only while
-    torchmetrics' package ran) and torchmetrics' own binding is the real function again."""
-    script = (
-        "import sys\n"
-        "from bench.core.compat import skip_torchmetrics_extras\n"
-        "skip_torchmetrics_extras()\n"
-        "import lightning, torchmetrics\n"
-        "import lightning_utilities.core.imports as imports\n"
-        "print(sorted(m for m in ('scipy', 'regex', 'matplotlib.pyplot') if m in sys.modules),"
-        " imports.package_available('scipy'), torchmetrics.package_available is imports.package_available)\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["[]", "True", "True"], proc.stdout
-
-
 def test_timm_still_imports_the_skipped_names_only_in_a_try():
     """skip_timm_wandb makes timm's ``import wandb`` fail as if wandb were absent: safe only while timm catches
     that ImportError. This says when timm's summary module stops doing so (the skip would break its import)."""
@@ -193,13 +175,20 @@ def test_timm_still_imports_the_skipped_names_only_in_a_try():
     assert set(compat.TIMM_SKIPS) <= guarded, sorted(set(compat.TIMM_SKIPS) - guarded)
 
 
-def test_timm_and_open_clip_build_without_wandb_which_stays_importable_after(tmp_path):
-    """In a process of its own: with the skips on, timm and open_clip import and build their models without
-    importing wandb, and wandb imports after (the skip lasted only while timm's package ran)."""
+@pytest.mark.slow  # a process of its own (about 5 s of imports): make test-fast leaves it out
+def test_the_skips_last_only_while_torchmetrics_and_timm_import(tmp_path):
+    """In a process of its own, after skip_unused_imports: importing Lightning leaves scipy, regex and matplotlib's
+    pyplot unimported, and afterwards package_available answers as before (True for an installed scipy) and
+    torchmetrics' own binding is the real function again; timm and open_clip import and build a model without
+    importing wandb, which imports after (no skipping finder is left)."""
     script = (
         "import sys\n"
         "from bench.core.compat import skip_unused_imports\n"
         "skip_unused_imports()\n"
+        "import lightning, torchmetrics\n"
+        "import lightning_utilities.core.imports as imports\n"
+        "print(sorted(m for m in ('scipy', 'regex', 'matplotlib.pyplot') if m in sys.modules),"
+        " imports.package_available('scipy'), torchmetrics.package_available is imports.package_available, end=' ')\n"
         "import timm, open_clip\n"
         "net = timm.create_model('resnet18', pretrained=False, num_classes=0)\n"
         "print('wandb' in sys.modules, net.num_features, end=' ')\n"
@@ -208,7 +197,7 @@ def test_timm_and_open_clip_build_without_wandb_which_stays_importable_after(tmp
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["False", "512", "wandb", "True"], proc.stdout
+    assert proc.stdout.split() == ["[]", "True", "True", "False", "512", "wandb", "True"], proc.stdout
 
 
 def test_with_the_extras_skipped_torchmetrics_still_scores_what_fedbench_asks():
