@@ -6,24 +6,42 @@ core imports nothing above itself (tests/core/test_layering.py); datamodules onl
 """
 from __future__ import annotations
 
+import io
 import os
+from collections import OrderedDict
 
 import numpy as np
 
 from bench.core.atomic_io import atomic_write
+
+# the last PNGs this process drew, by what they show: the runs of a table share their partition's heatmap, and a
+# test session draws the same few partitions many times (0.25-0.4 s each); a few hundred KiB at most
+MEMO_SIZE = 32
+_drawn: OrderedDict[tuple, bytes] = OrderedDict()
 
 
 def plot_partition(
     counts: np.ndarray, path: str | os.PathLike, class_names: list[str] | None = None, title: str = ""
 ) -> None:
     """Heatmap of samples per client (rows) and class (columns), written atomically as a PNG."""
+    counts = np.asarray(counts)
+    _, num_classes = counts.shape
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names for {num_classes} columns")
+    key = (counts.dtype.str, counts.shape, counts.tobytes(), None if class_names is None else tuple(class_names), title)
+    png = _drawn.pop(key, None) or heatmap_png(counts, class_names, title)
+    _drawn[key] = png
+    while len(_drawn) > MEMO_SIZE:
+        _drawn.popitem(last=False)
+    atomic_write(path, lambda fh: fh.write(png), needed=len(png))
+
+
+def heatmap_png(counts: np.ndarray, class_names: list[str] | None, title: str) -> bytes:
+    """The PNG of ``plot_partition``'s heatmap."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    counts = np.asarray(counts)
     num_clients, num_classes = counts.shape
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"{len(class_names)} class names for {num_classes} columns")
     fig = Figure(figsize=(min(2 + 0.6 * num_classes, 24), min(1.5 + 0.4 * num_clients, 24)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -43,4 +61,6 @@ def plot_partition(
                     color="black" if v > 0.6 * top else "white", in_layout=False)
     ax.set_title(title or f"{num_clients} clients x {num_classes} classes")
     fig.tight_layout()
-    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=120)
+    return out.getvalue()

@@ -176,3 +176,28 @@ def test_plot_partition_writes_png(tmp_path):
     with Image.open(out) as img:
         assert img.format == "PNG" and img.size[0] > 200 and img.size[1] > 200
     assert [f.name for f in out.parent.iterdir()] == ["partition.png"]  # no temporary left behind
+
+
+def test_a_partition_drawn_again_is_written_from_the_first_drawing(tmp_path, monkeypatch):
+    """plot_partition keeps the last MEMO_SIZE PNGs by what they show: the same counts, names and title are drawn
+    once and written byte for byte again; another title or other counts are drawn anew; the oldest goes first."""
+    from bench.assembly import partition_plot
+
+    monkeypatch.setattr(partition_plot, "_drawn", type(partition_plot._drawn)())
+    monkeypatch.setattr(partition_plot, "MEMO_SIZE", 2)
+    drawn = []
+    real = partition_plot.heatmap_png
+    monkeypatch.setattr(partition_plot, "heatmap_png", lambda *a: drawn.append(a[2]) or real(*a))
+    counts = _run("dirichlet", beta=0.3).class_counts
+    names = [f"class {i}" for i in range(10)]
+    plot_partition(counts, tmp_path / "a.png", names, title="one")
+    plot_partition(counts.copy(), tmp_path / "b.png", list(names), title="one")
+    assert drawn == ["one"] and (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    plot_partition(counts, tmp_path / "c.png", names, title="two")
+    plot_partition(counts + 1, tmp_path / "d.png", names, title="two")
+    assert drawn == ["one", "two", "two"] and (tmp_path / "c.png").read_bytes() != (tmp_path / "a.png").read_bytes()
+    plot_partition(counts, tmp_path / "e.png", names, title="one")  # pushed out by the two after it
+    assert drawn == ["one", "two", "two", "one"] and (tmp_path / "e.png").read_bytes() == (tmp_path / "a.png").read_bytes()
+    with pytest.raises(ValueError, match="3 class names for 10 columns"):
+        plot_partition(counts, tmp_path / "f.png", names[:3], title="one")
+    assert not (tmp_path / "f.png").exists()
