@@ -4,9 +4,9 @@ Each check names a case registered here (overrides of the tiny digits config of 
 from a shared folder where the case's data lives). The session fixture ``two_rank_runs`` (tests/conftest.py)
 runs every case's 2-rank side once per `make test` (once for both pytest-xdist workers, under a file lock):
 one Fabric launch, every case run in it one after the other, as `fedbench table` does with its rows. A
-Fabric's precision plugin is fixed when it is made, so the launched ranks make one Fabric per precision on the
-process group of the first (the ranks exist by then: the later Fabrics start none). Each test then runs its case's 1-rank side in its
-own process (no launch: in process, as before) and compares. A case changes no option of its check: the
+Fabric's precision plugin is fixed when it is made, so the launched ranks make one Fabric per precision on
+the process group of the first (the ranks exist by then: the later Fabrics start none). Each test then runs
+its case's 1-rank side in its own process (no launch: in process, as before) and compares. A case changes no option of its check: the
 configurations are those the tests used to launch one 2-rank subprocess each for.
 
 Run as a script (``python tests/rank_pairs.py cases.json``), it is the launched program itself.
