@@ -70,11 +70,11 @@ def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], floa
             logs.append(stack.enter_context(tempfile.TemporaryFile("w+")))
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logs[-1], text=True, env=env))
             runs.append({"row": row, "rounds": []})
-        stack.callback(stop_all, procs)
-        readers = [threading.Thread(target=read, args=(p, r), daemon=True) for p, r in zip(procs, runs)]
-        for t in readers:
-            t.start()
-        stack.callback(lambda: [t.join(timeout=5) for t in readers])
+        readers: list[threading.Thread] = []
+        stack.callback(stop_then_join, procs, readers)
+        for proc, run in zip(procs, runs):
+            readers.append(threading.Thread(target=read, args=(proc, run), daemon=True))
+            readers[-1].start()
         while True:
             time.sleep(0.2)
             for proc, run, log in zip(procs, runs, logs):
@@ -90,6 +90,15 @@ def streamed(args, rows: list[str], mode: str, k: int) -> tuple[list[dict], floa
     for r in runs:  # what ended while the runs were being stopped ran under less load
         r["rounds"] = [h for h in r["rounds"] if h["end"] <= stop]
     return runs, stop
+
+
+def stop_then_join(procs: list[subprocess.Popen], readers: list) -> None:
+    """The end of ``streamed``: the runs still going stopped first (``stop_all``), then their stream readers
+    joined, each ended by its run's end of output (joined first, each would wait its 5 s for a run still
+    going: K x 5 s of a GPU's time after every mix)."""
+    stop_all(procs)
+    for reader in readers:
+        reader.join(timeout=5)
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

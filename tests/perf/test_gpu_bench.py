@@ -139,6 +139,7 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     from bench.perf import gpu_mix
@@ -156,12 +157,21 @@ def test_a_mix_whose_run_fails_reports_its_error_and_stops_the_others_at_once(tm
             started_procs.append(self)
 
     monkeypatch.setattr(subprocess, "Popen", Recorded)
+    joined_while_running = []
+    real_join = threading.Thread.join
+
+    def join(thread, timeout=None):  # a reader joined while its run still goes would wait out its timeout
+        joined_while_running.extend(p for p in started_procs if p.poll() is None)
+        return real_join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", join)
     args = argparse.Namespace(root=str(tmp_path), size=16, device="cpu", max_test=None, tiny=False, rounds=3, set=[])
     started = time.perf_counter()
     with pytest.raises(SystemExit, match="FedAvg under tf32 failed:\nCUDA error: out of memory"):
         gpu_mix.streamed(args, ["MOON", "FedAvg"], "tf32", 2)
     # the running one was ended by its Ctrl-C (not waited for, not killed after the grace)
     assert [p.returncode for p in started_procs] == [-signal.SIGINT, 1]
+    assert joined_while_running == []  # the readers were joined after the runs were stopped
     assert time.perf_counter() - started < 8  # not the 60 s run, nor the 10 s wait for one that ignores Ctrl-C
 
 
