@@ -153,7 +153,7 @@ PYTHON_SHOW = warnings.showwarning
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    skip_unused_imports()  # before Lightning imports torchmetrics, timm wandb: ~2.5 s less per process (bench/core/compat.py)
+    skip_unused_imports()  # before Lightning imports torchmetrics and timm wandb: ~2 s less per process (compat.py)
     apply_allocator_policy()  # before torch allocates anything (bench/core/allocator.py)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.showwarning = show_warning
