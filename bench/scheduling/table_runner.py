@@ -542,11 +542,11 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
 
     job_memory = getattr(args, "job_memory", JOB_MEMORY_GIB)
     args.jobs = parse_jobs(args.jobs)  # as main reads it (a parser's args given directly: None, "2", "auto")
+    gpus = visible_gpus(runs[0].cfg.accelerator) if runs else []
     if args.jobs == "auto":
-        args.jobs, why = auto_jobs(cpu_cores(), visible_gpus(runs[0].cfg.accelerator) if runs else [], job_memory,
-                                   len(distinct_runs(runs)))
+        args.jobs, why = auto_jobs(cpu_cores(), gpus, job_memory, len(distinct_runs(runs)))
         print(f"--jobs auto: {args.jobs} ({why})", flush=True)
-    check_jobs(args.jobs, job_memory, visible_gpus(runs[0].cfg.accelerator) if args.jobs > 1 and runs else [])
+    check_jobs(args.jobs, job_memory, gpus if args.jobs > 1 else [])
     devices, threads = table_devices(runs, args.devices, spec.devices, args.jobs)
     for r in runs:
         r.cfg.devices = devices
