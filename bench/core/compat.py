@@ -189,12 +189,17 @@ class _TorchmetricsExtrasOff(importlib.abc.MetaPathFinder):
             return None
         if name == TORCHMETRICS_MODULE:  # the package's first import of its own: this finder's last
             sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        wrap = _run_without_top_skips if name == TORCHMETRICS_PACKAGE else _run_with_extras_off
-        spec.loader.exec_module = functools.partial(wrap, spec.loader.exec_module)
+        return _spec_run_by(name, path, _run_without_top_skips if name == TORCHMETRICS_PACKAGE else _run_with_extras_off)
+
+
+def _spec_run_by(name: str, path: Any, wrap: Callable[..., None], *before: Any) -> Any:
+    """Module ``name``'s spec as Python would find it, its loader running the module as ``wrap(*before, run,
+    module)`` (``run``: the loader's own exec_module); the plain spec where it has no such loader."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
+    spec.loader.exec_module = functools.partial(wrap, *before, spec.loader.exec_module)
+    return spec
 
 
 def _run_with_extras_off(run: Callable[[Any], None], module: Any) -> None:
@@ -253,11 +258,7 @@ class _TimmWithoutSkips(importlib.abc.MetaPathFinder):
         if name != TIMM_PACKAGE:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader.exec_module = functools.partial(_run_with_absent, TIMM_SKIPS, spec.loader.exec_module)
-        return spec
+        return _spec_run_by(name, path, _run_with_absent, TIMM_SKIPS)
 
 
 def _run_with_absent(names: tuple[str, ...], run: Callable[[Any], None], module: Any) -> None:
