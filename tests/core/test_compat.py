@@ -149,7 +149,7 @@ def test_every_torchmetrics_extra_flag_skipped_is_one_torchmetrics_defines():
 
 
 def test_torchmetrics_package_still_imports_the_skipped_top_names_only_if_package_available_says_so():
-    """skip_torchmetrics_extras keeps scipy out of torchmetrics' own package by answering lightning_utilities'
+    """skip_unused_imports keeps scipy out of torchmetrics' own package by answering lightning_utilities'
     package_available("scipy") with False while it runs: this says when the package stops asking that way (the
     skip would then do nothing and the import be ~0.9 s slower again)."""
     import importlib.util
