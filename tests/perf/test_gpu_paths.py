@@ -304,18 +304,34 @@ def test_gpu_check_resume_fails_when_the_run_does_not_resume(tmp_path, monkeypat
 
 
 def test_gpu_check_jobs_item_fails_when_the_jobs_records_differ(tmp_path, monkeypatch):
-    """Item 13 compares the --jobs workers' records with one process's: runs in this process at a 1 % higher
-    learning rate (the workers keep theirs) fail it."""
+    """Item 13 compares the --jobs workers' records with one process's: it passes when they are the same runs, and
+    runs in this process at a 1 % higher learning rate (the workers keep theirs) fail it. The workers' side runs
+    in this process too, each run with a worker's thread count (what is judged here is the comparison; that real
+    workers give one process's records is item 13 of test_gpu_check_dry_run_passes_every_item_on_the_cpu)."""
+    from bench.assembly.workers import cpu_cores
     from bench.perf import gpu_check
+    from bench.scheduling import table_jobs
 
     original = gpu_check.run
+
+    def jobs_in_this_process(todo, jobs, *args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, cpu_cores() // jobs))
+        try:
+            for planned in todo:
+                original(planned.cfg)
+        finally:
+            torch.set_num_threads(threads)
 
     def other_lr(cfg):
         cfg.method.lr *= 1.01
         return original(cfg)
 
+    monkeypatch.setattr(table_jobs, "run_jobs", jobs_in_this_process)
+    ok, detail = gpu_check.check_jobs_share_the_device(str(tmp_path / "same"), "cpu")
+    assert ok is True and "weights 0.0e+00 apart" in detail and "metrics equal" in detail
     monkeypatch.setattr(gpu_check, "run", other_lr)
-    ok, detail = gpu_check.check_jobs_share_the_device(str(tmp_path), "cpu")
+    ok, detail = gpu_check.check_jobs_share_the_device(str(tmp_path / "other"), "cpu")
     assert ok is False and "metrics DIFFERENT" in detail
 
 
