@@ -542,7 +542,8 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
 
     job_memory = getattr(args, "job_memory", JOB_MEMORY_GIB)
     args.jobs = parse_jobs(args.jobs)  # as main reads it (a parser's args given directly: None, "2", "auto")
-    gpus = visible_gpus(runs[0].cfg.accelerator) if runs else []
+    # read once, and only where a worker count needs them (--jobs auto, or more than one job)
+    gpus = visible_gpus(runs[0].cfg.accelerator) if runs and (args.jobs == "auto" or args.jobs > 1) else []
     if args.jobs == "auto":
         args.jobs, why = auto_jobs(cpu_cores(), gpus, job_memory, len(distinct_runs(runs)))
         print(f"--jobs auto: {args.jobs} ({why})", flush=True)
