@@ -16,9 +16,9 @@ repository) of
 Each module counts by its name and its normalised syntax tree: comments, docstrings and other bare
 strings, line numbers and layout do not count. What is read of a module's source (imports, registrations,
 normalised digest) is kept by content under ``$FEDBENCH_CACHE/code-parse`` (``source_facts``): a process
-parses only the modules it has not seen, not all of them (0.8-1.0 s of every run's start). So a docstring edit changes no version, an edit to
-FedRS's loss changes the version of FedRS's runs only, and an edit to the round engine changes every
-run's. ``bench/tables``, ``bench/reporting``, ``bench/tracking``, ``bench/scheduling``, ``bench/commands``,
+parses only the modules it has not seen, not all of them (0.8-1.0 s of every run's start). So a docstring
+edit changes no version, an edit to FedRS's loss changes the version of FedRS's runs only, and an edit to the
+round engine changes every run's. ``bench/tables``, ``bench/reporting``, ``bench/tracking``, ``bench/scheduling``, ``bench/commands``,
 ``bench/perf`` and ``bench/cli.py`` sit above the engine (tests/core/test_layering.py) and are outside every
 closure; this module (the identity itself) is left out too. Registrations are found
 statically, so the version of any tree (a temporary copy in the tests) is computed without importing it.
