@@ -22,7 +22,9 @@ BLOCK, HEADER = 32768, 7  # the log's block size and record header (crc32, lengt
 
 
 def wandb_records(path: Path) -> list:
-    """The protobuf records of an offline run file."""
+    """The protobuf records of an offline run file, up to the first one not wholly written yet: wandb's service may
+    be appending to the file while a test polls it (``settled``), and a piece read before its last bytes landed
+    is the tail of a file still being written, not a record (reading it failed a suite once, 2026-11-29)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = path.read_bytes()
@@ -34,6 +36,8 @@ def wandb_records(path: Path) -> list:
             pos += left
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + HEADER + length > len(data):  # still being written
+            break
         pending += data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         if kind in (1, 4):  # a FULL record, or the LAST piece of one
