@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import run_in_process
+from gpu_slot_probe import report_gpu
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
 
 from bench.assembly.config import RunConfig
 from bench.assembly.workers import auto_layout
 from bench.core.numerics import apply_gpu_math, gpu_math_settings
 from bench.engine.aggregation import RoundBuffer, client_metrics_row
-from bench.scheduling.table_jobs import _start_worker, job_gpus
+from bench.scheduling.table_jobs import job_gpus
 from lightning_modules.base import needs_loss_scaling, run_epochs
 
 pytestmark = pytest.mark.slow  # end-to-end: make test-fast leaves this file out
@@ -125,11 +126,6 @@ def test_devices_auto_takes_every_visible_gpu_up_to_the_clients_per_round():
     assert auto_layout(cfg, False, 5, cores=2, can_launch=True, gpus=0)[:2] == (2, 1)  # CPU: cores as workers
 
 
-def _report_gpu(threads, gpus, slot, parent, queue):
-    _start_worker(threads, gpus, slot, parent)
-    queue.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-
 def test_each_jobs_worker_sees_only_its_own_gpu():
     """Three spawned workers set up as `fedbench table --jobs 3` sets them up (the same initializer and shared
     slot counter), with GPUs 4 and 7: each sees exactly one of them as its only CUDA device, two on GPU 4 and one
@@ -137,7 +133,7 @@ def test_each_jobs_worker_sees_only_its_own_gpu():
     context = multiprocessing.get_context("spawn")
     slot, queue = context.Value("i", 0), context.Queue()
     gpus = job_gpus(3, ["4", "7"])
-    workers = [context.Process(target=_report_gpu, args=(1, gpus, slot, os.getpid(), queue)) for _ in range(3)]
+    workers = [context.Process(target=report_gpu, args=(1, gpus, slot, os.getpid(), queue)) for _ in range(3)]
     for w in workers:
         w.start()
     # a safety net, not a speed check: a spawned worker pays its imports (~4 s CPU), minutes under heavy load
