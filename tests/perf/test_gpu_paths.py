@@ -136,7 +136,7 @@ def test_each_jobs_worker_sees_only_its_own_gpu():
     workers = [context.Process(target=report_gpu, args=(1, gpus, slot, os.getpid(), queue)) for _ in range(3)]
     for w in workers:
         w.start()
-    # a safety net, not a speed check: a spawned worker pays its imports (~4 s CPU), minutes under heavy load
+    # a safety net, not a speed check: a spawned worker pays its imports (~2.5 s CPU), minutes under heavy load
     seen = sorted(queue.get(timeout=600) for _ in workers)
     for w in workers:
         w.join(timeout=300)
