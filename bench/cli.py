@@ -41,6 +41,7 @@ from bench.assembly.ports import launcher_pid
 from bench.core.allocator import apply_allocator_policy
 from bench.core.compat import skip_unused_imports
 from bench.core.errors import FedbenchError, FedbenchNotice, FedbenchWarning
+from bench.core.import_gc import stack_import
 from bench.core.lifetime import Interrupted, die_with_parent, launched_by_fabric, terminate_on_sigterm
 from bench.tables.flags import CommandParser, config_kind
 from datamodules.data_home import DATA_HOME_ENV, set_data_home
@@ -207,8 +208,9 @@ def run_one(argv: list[str]) -> int:
         rounds = f"{cfg.fed.rounds} round{'s' if cfg.fed.rounds != 1 else ''}"
         print(f"fedbench run: {cfg.run_name()} ({rounds}, {cfg.partition.num_clients} clients, devices {cfg.devices}); "
               f"record under {cfg.output_dir}", flush=True)
-    from bench.assembly.experiment import run_experiment
-    from bench.tracking.wandb_logger import wandb_observer
+    with stack_import():  # the collector off while torch and Lightning import (bench/core/import_gc.py)
+        from bench.assembly.experiment import run_experiment
+        from bench.tracking.wandb_logger import wandb_observer
 
     record = run_experiment(cfg, observer=wandb_observer(cfg))
     from lightning.fabric.utilities.rank_zero import rank_zero_only

@@ -21,6 +21,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from bench.core.compat import skip_unused_imports
+from bench.core.import_gc import stack_import
 
 skip_unused_imports()  # tests import Lightning and timm as fedbench's processes do (bench/cli.py main)
 
@@ -289,6 +290,14 @@ def pytest_ignore_collect(collection_path: Path, config):
     if not re.search(r"\bnot slow\b", config.getoption("markexpr", "") or ""):
         return None
     return True if SLOW_FILE.search(collection_path.read_text()) else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collection imports every test module and with them torch and Lightning: the collector is off while it
+    does, then what is alive is frozen, as in fedbench's own processes (bench/core/import_gc.py)."""
+    with stack_import():
+        yield
 
 
 @pytest.hookimpl(trylast=True)

@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.core.compat import skip_unused_imports
+from bench.core.import_gc import stack_import
 
 KVASIR_IMAGES = 8000  # Kvasir-v2: 8 classes of 1,000 images
 TABLE = "configs/tables/table2_kvasir.yaml"
@@ -146,9 +147,10 @@ def stand_in_text_towers() -> None:
 def one_run(args) -> None:
     """Child mode: run one row for ``--rounds`` rounds and print its cost as one JSON line; with ``--stream``,
     run the row's whole schedule and print its rounds as they end (the parent stops it)."""
-    from bench.assembly.experiment import make_fabric, run_experiment
-    from bench.assembly.run_outputs import RunObserver
-    from datamodules.kvasir import KVASIR_SPLIT
+    with stack_import():  # as a `fedbench run` process imports it (bench/core/import_gc.py)
+        from bench.assembly.experiment import make_fabric, run_experiment
+        from bench.assembly.run_outputs import RunObserver
+        from datamodules.kvasir import KVASIR_SPLIT
 
     _, configs = table_runs()
     cfg = configs[args.row]

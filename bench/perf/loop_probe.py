@@ -25,6 +25,7 @@ import time
 
 from bench.core.allocator import allocator_status, apply_allocator_policy
 from bench.core.compat import skip_unused_imports
+from bench.core.import_gc import stack_import
 
 
 def rusage() -> dict[str, float]:
@@ -89,9 +90,10 @@ def fedbench_epoch(module, data, batch_size: int, seed: int, autocast) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    import torch
+    with stack_import():  # as in every fedbench process (bench/core/import_gc.py), for both loops alike
+        import torch
 
-    from lightning_modules.base import FederatedModule
+        from lightning_modules.base import FederatedModule
 
     torch.set_num_threads(args.threads)
     torch.backends.mkldnn.enabled = not args.no_onednn

@@ -22,6 +22,7 @@ import sys
 import time
 
 from bench.core.compat import skip_unused_imports
+from bench.core.import_gc import stack_import
 from bench.core.lifetime import die_with_parent, parent_of
 
 TABLE = os.getppid()  # the forkserver's parent: the table's process
@@ -31,8 +32,9 @@ TABLE = os.getppid()  # the forkserver's parent: the table's process
 die_with_parent(parent=TABLE)
 skip_unused_imports()
 
-import bench.assembly.experiment
-import bench.tracking.wandb_logger  # noqa: F401
+with stack_import():  # then frozen: the forked workers' collections never walk (and copy) these pages
+    import bench.assembly.experiment
+    import bench.tracking.wandb_logger  # noqa: F401
 
 TABLE_EXIT_WAIT_S = 5.0  # how long a failed worker's start waits to see whether the table is ending
 

@@ -49,6 +49,7 @@ from bench.assembly.config import RunConfig, from_dict
 from bench.assembly.workers import auto_layout, clients_per_round, cpu_cores, launchable, visible_gpus
 from bench.core.compat import skip_unused_imports
 from bench.core.errors import FedbenchError
+from bench.core.import_gc import stack_import
 from bench.core.lifetime import Interrupted, die_with_ancestor, die_with_parent
 
 GIB = 1024 ** 3
@@ -129,7 +130,8 @@ def _start_worker(threads: int, gpus: list[str], slot, parent: int | None = None
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     skip_unused_imports()  # as the command's own process does (bench/cli.py main)
-    import torch
+    with stack_import():  # a spawned worker's first import of torch (a forked one has it: unchanged)
+        import torch
 
     from bench.core.allocator import apply_allocator_policy
 

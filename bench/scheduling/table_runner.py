@@ -50,6 +50,7 @@ from bench.assembly.records import (
 )
 from bench.core.code_version import code_version, same_code
 from bench.core.errors import FedbenchError, FedbenchWarning
+from bench.core.import_gc import stack_import
 from bench.core.lifetime import first_process
 from bench.scheduling.table_jobs import JOB_MEMORY_GIB, mps_on
 from bench.tables.columns import columns_from, table_columns
@@ -535,10 +536,11 @@ def check_plan(runs: list[PlannedRun], spec: TableSpec, args, overrides: TableOv
     """Every planned run's options (bench/assembly/validation.py; with the command-line overrides applied),
     rows sharing a record, and the output folders, before any run starts. An invalid value given with
     --set is named as such: it is the same error in every row."""
-    from bench.assembly.validation import check_writable, validate_config
-    from bench.assembly.workers import cpu_cores, rank_threads, visible_gpus
-    from bench.scheduling.table_jobs import auto_jobs, check_jobs, table_devices
-    from lightning_modules.base import METHODS
+    with stack_import():  # the table's first import of torch: the collector off meanwhile (bench/core/import_gc.py)
+        from bench.assembly.validation import check_writable, validate_config
+        from bench.assembly.workers import cpu_cores, rank_threads, visible_gpus
+        from bench.scheduling.table_jobs import auto_jobs, check_jobs, table_devices
+        from lightning_modules.base import METHODS
 
     job_memory = getattr(args, "job_memory", JOB_MEMORY_GIB)
     args.jobs = parse_jobs(args.jobs)  # as main reads it (a parser's args given directly: None, "2", "auto")

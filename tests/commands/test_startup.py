@@ -180,9 +180,23 @@ def test_a_normal_exit_skips_the_final_collection_and_keeps_its_output(tmp_path)
         assert "collected at exit" not in proc.stderr, "the interpreter's final collection ran"
 
 
+# `python -m bench.cli` with each collector pass written to stderr: its generation, whether torch's import had
+# begun, and how many objects were frozen (bench/core/import_gc.py freezes once the stack is imported)
+GC_PASSES = textwrap.dedent("""
+    import gc, runpy, sys
+    def note(phase, info):
+        if phase == "start":
+            torch = "torch" if "torch" in sys.modules else "-"
+            sys.stderr.write(f"gc pass: {info['generation']} {torch} {gc.get_freeze_count()}\\n")
+    gc.callbacks.append(note)
+    runpy.run_module("bench.cli", run_name="__main__", alter_sys=True)
+""")
+
+
 def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(tmp_path):
     """The gc.freeze exit of a real 1-round run: its record, CSV log and TensorBoard events are complete (the
-    loggers were finalized and the files closed before the exit). The run imports neither torchvision nor
+    loggers were finalized and the files closed before the exit). Its collector made no pass while it imported
+    torch, Lightning and the stack (bench/core/import_gc.py). The run imports neither torchvision nor
     transformers, nor scipy, regex or matplotlib's pyplot: Lightning's import of torchmetrics skips its image,
     text and audio extras and its plotting (bench/core/compat.py skip_unused_imports), which a simple-CNN
     run never uses (the partition plot's own matplotlib import uses no pyplot).
@@ -194,7 +208,7 @@ def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(
 
     cache = tmp_path / "cache"
     Digits(cache_dir=str(cache)).setup()  # the run's data (quick.yaml: digits at their own 8 px), decoded once
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "bench.cli", "run", "--config", QUICK, "--fed.rounds", "1",
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", GC_PASSES, "run", "--config", QUICK, "--fed.rounds", "1",
                            "--devices", "1", "--tensorboard", "--progress", "false", "--output-dir", str(tmp_path),
                            "--data.cache_dir", str(cache)],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
@@ -216,6 +230,11 @@ def test_a_real_run_exits_without_the_collection_with_its_record_and_logs_whole(
     skipped = {"torchvision", "transformers", "scipy", "regex", "matplotlib.pyplot"}
     assert not imported & skipped, sorted(imported & skipped)
     assert "sklearn" not in imported  # the warm cache was used: the check above is about the run's own imports
+    # the collector made no pass while the stack imported (bench/core/import_gc.py; before, 6 full passes,
+    # 0.69 s): none between torch's import starting and the freeze after the stack's
+    passes = [line.split()[2:] for line in proc.stderr.splitlines() if line.startswith("gc pass:")]
+    assert passes, "the probe saw no collector pass at all"  # the young passes before torch, at least
+    assert not [p for p in passes if p[1] == "torch" and p[2] == "0"], passes
 
 
 def test_startup_cpu_is_a_fraction_of_importing_torch():
