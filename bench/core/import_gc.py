@@ -8,8 +8,8 @@ find 9,467 objects of garbage between them.
 
 ``stack_import()`` wraps the first import of torch in each fedbench process: the run's (bench/cli.py
 ``run_one``, every rank's), a table's plan check (bench/scheduling/table_runner.py), the ``--jobs``
-forkserver and a spawned job worker (bench/scheduling/job_preload.py, table_jobs.py), and pytest's collection
-(tests/conftest.py). The collector is off while it imports. Afterwards everything then alive is frozen
+forkserver and a spawned job worker (bench/scheduling/job_preload.py, table_jobs.py), gpu-bench's runs and the
+loop probe (bench/perf), and pytest's collection (tests/conftest.py). The collector is off while it imports. Afterwards everything then alive is frozen
 (``gc.freeze``: left out of every later pass; an object of it still goes the moment its last reference does,
 only a cycle among them is kept) and the collector is on again, for the run. The import's own garbage is frozen with
 it (about 8 MiB of the process's 685 MiB) rather than collected: a collection over the 561,000 objects costs
